@@ -1,1 +1,11 @@
+"""Reinforcement learning for LLM post-training, taught and built in notebooks
+
+Modules:
+
+- `rlnb.rewards`: Turning what a policy wrote into numbers a loss can use: scalar and vector rewards, aggregation, normalisation and shaping."""
+
 __version__ = "0.0.1"
+
+# The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
+from .core import *
+from .tasks import *

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv in the project root and install rlnb into it, CPU PyTorch first (a plain `pip install torch`
+# pulls a multi-GB CUDA build). Usage: bash scripts/install.sh [dev]   ("dev" adds nbdev, pytest, ipykernel)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+if ! python -c "import torch" 2>/dev/null; then
+  # A machine with a local CPU wheel (find-links) takes it; anywhere else, PyTorch's CPU wheel index.
+  if ls ${PIP_FIND_LINKS:-/nonexistent}/torch-*+cpu*.whl >/dev/null 2>&1; then
+    pip install -q "torch==$(ls ${PIP_FIND_LINKS}/torch-*+cpu*.whl | head -1 | sed 's/.*torch-\([0-9.]*\)+cpu.*/\1/')"
+  else
+    pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+if [ "${1:-}" = dev ]; then pip install -q -e ".[dev]"; else pip install -q -e .; fi
+python -c "import torch, rlnb; print(f'rlnb {rlnb.__version__} installed in .venv (torch {torch.__version__})')"
