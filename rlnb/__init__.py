@@ -2,6 +2,7 @@
 
 Modules:
 
+- `rlnb.kl`: How far has the policy moved from where it started? Estimating KL from sampled tokens, and keeping a reference model to measure it against.
 - `rlnb.rewards`: Turning what a policy wrote into numbers a loss can use: scalar and vector rewards, aggregation, normalisation and shaping."""
 
 __version__ = "0.0.1"
@@ -9,3 +10,4 @@ __version__ = "0.0.1"
 # The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
 from .core import *
 from .tasks import *
+from .algorithms import *
