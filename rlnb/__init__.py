@@ -10,4 +10,6 @@ __version__ = "0.0.1"
 # The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
 from .core import *
 from .tasks import *
+from .rewards import *
+from .kl import *
 from .algorithms import *
