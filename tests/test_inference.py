@@ -1,0 +1,155 @@
+"rlnb.inference as a programmer uses it: imported alone, on an untrained tiny model (no SFT, no network)."
+import copy, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlnb.core import GenerationConfig, ModelConfig, Rollout, collate, set_seed
+from rlnb.inference import (apply_lora, batch_generate, compute_logprobs_for_tokens, execute_tools, extract_tool_calls,
+                            format_prompt, generate, load_model, load_tokenizer)
+from rlnb.tiny import build_tiny_model, build_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and much faster on a shared CPU
+    tok = build_tokenizer()
+    yield build_tiny_model(tok), tok
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    _, tok = tiny
+    return [format_prompt(q, tok) for q in ("1+2=", "12+34=", "999+1=", "7+70=", "5+5=")] + ["3+4="]
+
+
+def score(model, tok, gens, temperature=1.0, micro_batch_size=None):
+    rs = [Rollout("", prompt_token_ids=g.metadata["prompt_token_ids"], token_ids=g.token_ids, logprobs=g.logprobs) for g in gens]
+    cb = collate(rs, tok.pad_token_id, tok.eos_token_id)
+    with torch.no_grad():
+        lp = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, cb.completion_ids.shape[1], temperature, micro_batch_size)
+    return lp, cb
+
+
+def test_import_alone_in_a_fresh_process():
+    "The module imports without the notebooks or rlnb.tiny having been imported first."
+    code = "import rlnb.inference as i; assert callable(i.batch_generate) and callable(i.compute_logprobs_for_tokens)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_batched_equals_one_at_a_time_and_matches_training_logprobs(tiny, prompts):
+    model, tok = tiny
+    cfg = GenerationConfig(max_new_tokens=10, do_sample=False, logprobs=True)
+    batched = batch_generate(model, tok, prompts, cfg, batch_size=4)
+    for g, p in zip(batched, prompts):
+        s = generate(model, tok, p, cfg)
+        assert g.token_ids == s.token_ids
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(s.logprobs), atol=1e-4, rtol=0)
+    lp, cb = score(model, tok, batched, micro_batch_size=2)
+    assert ((lp - cb.old_logprobs).abs() * cb.completion_mask).max() < 1e-4
+
+
+def test_sampled_groups_are_prompt_major_and_match_training_logprobs(tiny, prompts):
+    model, tok = tiny
+    set_seed(0)
+    gens = batch_generate(model, tok, prompts, GenerationConfig(max_new_tokens=8, temperature=0.7, top_k=20, num_return_sequences=3, logprobs=True), batch_size=4)
+    assert [g.metadata["prompt_index"] for g in gens] == [i for i in range(len(prompts)) for _ in range(3)]
+    assert [g.metadata["sample_index"] for g in gens[:3]] == [0, 1, 2]
+    lp, cb = score(model, tok, gens, temperature=0.7)
+    assert ((lp - cb.old_logprobs).abs() * cb.completion_mask).max() < 1e-4
+
+
+class EndOddRows:
+    "A logits processor that makes every odd row emit EOS at step `at` (0-based)."
+    def __init__(self, eos_id, at): self.eos_id, self.at, self.calls = eos_id, at, 0
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls - 1 != self.at: return scores
+        scores = scores.clone(); scores[1::2, self.eos_id] += 1e4
+        return scores
+
+
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+def test_early_eos_rows_are_cut_and_scored_right(tiny, prompts, pad_is_eos):
+    "Rows that stop early end with one EOS, others run to the budget; also when the pad token is the EOS token (GPT-2 style)."
+    model, _ = tiny
+    tok = build_tokenizer()
+    if pad_is_eos: tok.pad_token = tok.eos_token
+    cfg = GenerationConfig(max_new_tokens=6, do_sample=False, logprobs=True, custom_params={"logits_processor": [EndOddRows(tok.eos_token_id, 2)]})
+    gens = batch_generate(model, tok, prompts, cfg)
+    stops = [g for g in gens if g.finish_reason == "stop"]
+    assert len(stops) == len(prompts) // 2
+    for g in gens:
+        if g.finish_reason == "stop": assert len(g.token_ids) == 3 and g.token_ids[-1] == tok.eos_token_id
+        else: assert len(g.token_ids) == 6 and tok.eos_token_id not in g.token_ids
+        assert len(g.logprobs) == len(g.token_ids)
+    lp, cb = score(model, tok, gens)  # the recorder runs before custom processors: it saw the model's raw logits
+    assert ((lp - cb.old_logprobs).abs() * cb.completion_mask).max() < 1e-4
+
+
+def test_generation_restores_mode_and_cache(tiny, prompts):
+    model, tok = tiny
+    model.train(); model.config.use_cache = False
+    try:
+        batch_generate(model, tok, prompts[:2], GenerationConfig(max_new_tokens=2))
+        assert model.training and model.config.use_cache is False
+    finally:
+        model.eval(); model.config.use_cache = True
+
+
+def test_left_padding_does_not_change_logprobs(tiny):
+    model, tok = tiny
+    a = Rollout("", prompt_token_ids=tok.encode("1+2="), token_ids=tok.encode("3"))
+    b = Rollout("", prompt_token_ids=tok.encode("a much longer prompt 1+2="), token_ids=tok.encode("3"))
+    alone, padded = collate([a], tok.pad_token_id), collate([a, b], tok.pad_token_id)
+    with torch.no_grad():
+        x = compute_logprobs_for_tokens(model, alone.input_ids, alone.attention_mask, 1)
+        y = compute_logprobs_for_tokens(model, padded.input_ids, padded.attention_mask, 1)[:1]
+    torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
+
+
+def test_load_model_from_a_saved_directory_with_lora_and_checkpointing(tiny, tmp_path, prompts):
+    "The from_pretrained path (no network: a local directory), LoRA, gradient checkpointing, gradients only in adapters."
+    model, tok = tiny
+    model.save_pretrained(tmp_path); tok.save_pretrained(tmp_path)
+    cfg = ModelConfig(model_name_or_path=str(tmp_path), device="cpu", use_lora=True, lora_r=2, gradient_checkpointing=True)
+    m = load_model(cfg)
+    base = m.get_base_model()
+    assert getattr(base, "is_activation_checkpointing", None) or base.is_gradient_checkpointing
+    t = load_tokenizer(cfg)
+    assert t.padding_side == "left" and t.pad_token_id == tok.pad_token_id
+    gens = batch_generate(m, t, prompts[:2], GenerationConfig(max_new_tokens=4, do_sample=False))
+    _, cb = score(m, t, gens)
+    m.train()
+    lp = compute_logprobs_for_tokens(m, cb.input_ids, cb.attention_mask, cb.completion_ids.shape[1])
+    (lp * cb.loss_mask).sum().backward()
+    grads = {n: p.grad for n, p in m.named_parameters()}
+    assert all(g is None for n, g in grads.items() if "lora_" not in n)
+    assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n)
+
+
+def test_clear_errors(tiny):
+    model, tok = tiny
+    cfg = GenerationConfig(max_new_tokens=4)
+    with pytest.raises(ValueError, match="`prompts` is empty"): batch_generate(model, tok, [], cfg)
+    with pytest.raises(ValueError, match="num_return_sequences"): batch_generate(model, tok, ["1+1="], cfg._replace(num_return_sequences=0))
+    with pytest.raises(ValueError, match="max_new_tokens"): batch_generate(model, tok, ["1+1="], cfg._replace(max_new_tokens=0))
+    bare = build_tokenizer(); bare.pad_token = None; bare.eos_token = None
+    with pytest.raises(ValueError, match="neither a pad token nor an EOS token"): batch_generate(model, bare, ["1+1="], cfg)
+    ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="completion ids have shape"): compute_logprobs_for_tokens(model, ids, mask, torch.ones(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="completion_length"): compute_logprobs_for_tokens(model, ids, mask, 5)
+    with pytest.raises(ValueError, match="match no module"): apply_lora(copy.deepcopy(model), target_modules=["nope"])
+
+
+def test_tools_never_eval_and_time_out():
+    calls = extract_tool_calls('<tool_call>{"name": "sleep", "arguments": {}}</tool_call><tool_call>__import__("os").system("x")</tool_call>')
+    t0 = time.time()
+    res = execute_tools(calls, tools={"sleep": lambda: time.sleep(3)}, timeout_s=0.1)
+    assert time.time() - t0 < 1.5
+    assert res[0]["error"].startswith("TimeoutError") and "invalid JSON" in res[1]["error"]
