@@ -1,16 +1,18 @@
 """rlnb's GRPO loop vs TRL's GRPOTrainer: same tiny model, task, LoRA, batch, completion length and learning rate.
 
-Both runs happen in this one process, one after the other, each on a fresh copy of the SFT tiny model
-(`rlnb.tiny.load_tiny_model`), on the CPU with the same number of torch threads. Each optimizer step consumes the
-same prompts (`--prompts` per step, drawn as `quick_start_training` draws them) with `--group` samples each.
-Printed: seconds per step, reward at the start and after N steps, greedy accuracy on held-out prompts, and the
-ratios rlnb / TRL. Then, in child processes (so each has its own peak), the peak memory of rlnb with no reference
-(beta = 0), with the LoRA reference (adapters disabled, beta > 0) and, for contrast, with a frozen full copy.
+Both sides run in this one process, each on a fresh copy of the SFT tiny model (`rlnb.tiny.load_tiny_model`), on the
+CPU with the same number of torch threads. Each optimizer step consumes the same prompts (`--prompts` per step,
+drawn as `quick_start_training` draws them) with `--group` samples each. By default the two are interleaved step by
+step (one rlnb step between TRL's steps, outside TRL's timed window) so both see the same machine load; repeated
+for each of `--seeds`. Printed: seconds per step (and its split into sampling + scoring and the update), the reward
+at the start and after N steps, greedy accuracy on held-out prompts, and the ratios rlnb / TRL. Then, in child
+processes (so each has its own peak), the peak memory of rlnb with no reference (beta = 0), with the LoRA reference
+(adapters disabled, beta > 0) and, for contrast, with a frozen full copy.
 
-    python benchmarks/grpo_vs_trl.py                       # defaults: 30 steps, 8 prompts x 8, 8 new tokens
-    python benchmarks/grpo_vs_trl.py --steps 10 --skip-memory   # a quick look
+    python benchmarks/grpo_vs_trl.py                       # 3 seeds x 30 steps of 8 prompts x 8, 8 new tokens (~5 min)
+    python benchmarks/grpo_vs_trl.py --steps 10 --seeds 0 --skip-memory   # a quick look
 
-TRL is installed only for benchmarks (`pip install trl`); rlnb itself does not depend on it.
+TRL is installed only for benchmarks (`pip install trl`); rlnb itself does not depend on it. Results: benchmarks/README.md.
 """
 from __future__ import annotations
 import argparse, gc, importlib.util, json, os, platform, resource, subprocess, sys, tempfile, time, warnings
@@ -49,7 +51,7 @@ def parse_args(argv=None):
                    help="probe the SFT tiny model, a randomly initialised wider one (~25M params, so a copy is visible), or both")
     p.add_argument("--wide-batch", default="2x4", help="prompts x group for the wide model's probes (small, so weights dominate)")
     p.add_argument("--plot", default=str(HERE / "grpo_vs_trl.png"), help="PNG of the reward curves ('' = none)")
-    p.add_argument("--json", default=str(HERE / "grpo_vs_trl.json"), help="JSON with every measurement ('' = none)")
+    p.add_argument("--json", default="", help="write every measurement to this JSON file ('' = none)")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # internal: run one memory probe and print JSON
     return p.parse_args(argv)
 
@@ -103,7 +105,21 @@ def greedy_accuracy(model, tok, examples, check, max_new_tokens: int) -> float:
     return sum(bool(check(c, e.answer)) for c, e in zip(completions, examples)) / len(examples)
 
 
+def reset_peak_rss() -> bool:
+    "Reset the kernel's peak-RSS mark of this process (Linux: write 5 to /proc/self/clear_refs); False if not possible."
+    try:
+        with open("/proc/self/clear_refs", "w") as f: f.write("5")
+        return True
+    except OSError: return False
+
+
 def peak_rss_mb() -> float:
+    "The peak RSS since the last `reset_peak_rss` (VmHWM), else since the process started."
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"): return int(line.split()[1]) / 1024
+    except OSError: pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
@@ -130,6 +146,8 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     model, tok = model_tok if model_tok is not None else load_sft(args.task)
     targets = lora_targets(model)
     model = apply_lora(model, r=args.lora_r, alpha=2 * args.lora_r, dropout=0.0, target_modules=targets)
+    gc.collect()
+    peak_reset = reset_peak_rss()  # so the peak is that of training, not of imports and loading
     rss_before_ref = current_rss_mb()
     make_ref = {"none": None, "lora": create_reference_model, "copy": create_frozen_copy}[ref_kind]
     ref = make_ref(model) if make_ref is not None else None  # "lora": AdapterDisabledRef(model), no copy
@@ -143,7 +161,7 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
                                   num_return_sequences=args.group)
     state = TrainingState(0, 0, model, optimizer, scheduler, ref_model=ref, metadata={"training_config": tcfg})
     return dict(side="rlnb", state=state, tok=tok, task=task, gen_config=gen_config, algo=algo, tcfg=tcfg, ref=ref, ref_kind=ref_kind,
-                targets=targets, rss_before_ref_mb=rss_before_ref, step_s=[], cpu_s=[], rewards=[], kl=[], rollout_s=[])
+                targets=targets, rss_before_ref_mb=rss_before_ref, peak_reset=peak_reset, step_s=[], cpu_s=[], rewards=[], kl=[], rollout_s=[])
 
 
 def rlnb_step(ctx: dict, prompts) -> None:
@@ -287,7 +305,8 @@ def memory_probe(args, spec: str) -> dict:
     ref_module = getattr(ref, "model", ref)
     return dict(model=which, ref_kind=kind, beta=beta, base_params=base_params, ref_is_policy=ref_module is policy,
                 ref_type=type(ref).__name__, policy_bytes=storage_bytes(policy), policy_plus_ref_bytes=storage_bytes(policy, ref_module),
-                rss_before_ref_mb=ctx["rss_before_ref_mb"], peak_rss_mb=peak_rss_mb(), step_s=ctx["step_s"], kl=ctx["kl"][-1])
+                rss_before_ref_mb=ctx["rss_before_ref_mb"], peak_rss_mb=peak_rss_mb(), peak_reset=ctx["peak_reset"],
+                step_s=ctx["step_s"], kl=ctx["kl"][-1])
 
 
 def run_memory_probes(args) -> list[dict]:
@@ -308,7 +327,8 @@ def run_memory_probes(args) -> list[dict]:
                 continue
             out.append(json.loads(line[-1][6:]))
             r = out[-1]
-            print(f"  probe {which:4s} ({prompts}x{group}) ref={kind:4s}: peak RSS {r['peak_rss_mb']:7.1f} MB, weights+ref storage "
+            print(f"  probe {which:4s} ({prompts}x{group}) ref={kind:4s}: peak RSS {r['peak_rss_mb']:7.1f} MB "
+                  f"({r['peak_rss_mb'] - r['rss_before_ref_mb']:+6.1f} over the RSS before the reference), weights+ref storage "
                   f"{r['policy_plus_ref_bytes'] / 2**20:6.1f} MB (policy {r['policy_bytes'] / 2**20:.1f} MB), ref is policy: {r['ref_is_policy']}")
     return out
 
@@ -427,8 +447,8 @@ def main(argv=None):
         for which in ("tiny", "wide"):
             by = {m["ref_kind"]: m for m in memory if m["model"] == which}
             if "none" in by and "lora" in by:
-                d = lambda k: by[k]["peak_rss_mb"] - by["none"]["peak_rss_mb"]
-                print(f"  {which}: peak RSS vs no reference: LoRA reference {d('lora'):+.1f} MB"
+                d = lambda k: (by[k]["peak_rss_mb"] - by[k]["rss_before_ref_mb"]) - (by["none"]["peak_rss_mb"] - by["none"]["rss_before_ref_mb"])
+                print(f"  {which}: training's peak RSS growth vs no reference: LoRA reference {d('lora'):+.1f} MB"
                       + (f", frozen copy {d('copy'):+.1f} MB" if "copy" in by else "")
                       + f" (the model's weights: {by['none']['policy_bytes'] / 2**20:.1f} MB)")
     if args.plot:

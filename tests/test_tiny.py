@@ -1,5 +1,5 @@
 "Tests of rlnb.tiny that a notebook cannot do well: file-system caching, concurrency, the default model's quality."
-import json, os, threading
+import json, os, subprocess, sys, threading
 
 import pytest
 import torch
@@ -19,7 +19,8 @@ def _leftovers(root):
 
 def test_tokenizer_round_trip_and_chat_template(tmp_path):
     tok = build_tokenizer()
-    for s in ["12+34=46", "a b  c\n\nd\te", "  leading and trailing  ", "<think>x</think><tool_call>{}</tool_call>", ""]:
+    for s in ["12+34=46", "a b  c\n\nd\te", "  leading and trailing  ", "<think>x</think><tool_call>{}</tool_call>", "",
+              "naïve → ∑"]:
         assert tok.decode(tok.encode(s)) == s
     text = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}],
                                    tokenize=False, add_generation_prompt=True)
@@ -44,6 +45,12 @@ def test_model_save_load_round_trip(tmp_path):
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
     assert loaded.generation_config.eos_token_id == tok.eos_token_id
     assert loaded.generation_config.pad_token_id == tok.pad_token_id
+    # AutoTokenizer rebuilds any tokenizer next to a qwen2 config as a byte-level Qwen2Tokenizer: ours must survive it
+    tok.save_pretrained(tmp_path)
+    tok2 = AutoTokenizer.from_pretrained(tmp_path)
+    text = tok.apply_chat_template([{"role": "user", "content": "a b\n c"}], tokenize=False, add_generation_prompt=True)
+    assert tok2.encode(text) == tok.encode(text) and tok2.decode(tok.encode(text)) == text
+    assert (tok2.pad_token_id, tok2.eos_token_id, tok2.padding_side) == (tok.pad_token_id, tok.eos_token_id, "left")
 
 
 def test_load_tiny_model_cold_then_warm(tmp_path, monkeypatch):
@@ -76,15 +83,40 @@ def test_load_tiny_model_explicit_path(tmp_path):
     with pytest.raises(ValueError, match="steps"): load_tiny_model(steps=0, cache_dir=tmp_path)
 
 
-def test_concurrent_first_calls_leave_a_valid_cache(tmp_path, monkeypatch):
-    "Two threads miss the cache at the same time and both train; one rename wins, the other loads the winner."
-    barrier = threading.Barrier(2, timeout=120)
-    train_into = tiny._train_into
+_RACER = """
+import sys, time
+from pathlib import Path
+import rlnb.tiny as tiny
+cache, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+train_into = tiny._train_into
+def racing_train_into(*args, **kwargs):  # a file barrier: both processes have missed the cache before either trains
+    (cache / me).touch()
+    deadline = time.time() + 120
+    while not (cache / other).exists():
+        if time.time() > deadline: raise TimeoutError("the other process never arrived")
+        time.sleep(0.05)
+    return train_into(*args, **kwargs)
+tiny._train_into = racing_train_into
+model, tok = tiny.load_tiny_model(cache_dir=cache, steps=6, sft_config={"eval_size": 16, "eval_every": 0}, progress=False)
+print("OK", sum(float(p.sum()) for p in model.parameters()))
+"""
 
-    def racing_train_into(*args, **kwargs):
-        barrier.wait()  # both threads are past the cache check before either has finished
-        return train_into(*args, **kwargs)
-    monkeypatch.setattr(tiny, "_train_into", racing_train_into)
+
+def test_concurrent_first_calls_in_processes_leave_a_valid_cache(tmp_path):
+    "Two processes miss the cache at the same time and both train; one rename wins, the other loads the winner's."
+    env = {**os.environ, "RLNB_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path), f"ready{i}", f"ready{1 - i}"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs): assert p.returncode == 0, err[-3000:]
+    folder = tiny_cache_path(steps=FAST["steps"], cache_dir=tmp_path, sft_config=FAST["sft_config"])
+    assert json.loads((folder / "tiny_history.json").read_text())["config"]["steps"] == FAST["steps"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folder.name, "ready0", "ready1"])  # no temporary folders left
+    sums = [out.split("OK")[-1].strip() for out, _ in outs]
+    assert sums[0] == sums[1]  # both got the same weights (training is deterministic, and one of them loaded the other's)
+
+
+def test_concurrent_first_calls_in_threads(tmp_path):
     results, errors = [None, None], []
 
     def worker(i):
@@ -95,18 +127,18 @@ def test_concurrent_first_calls_leave_a_valid_cache(tmp_path, monkeypatch):
     for t in threads: t.join()
     assert errors == []
     folder = tiny_cache_path(steps=FAST["steps"], cache_dir=tmp_path, sft_config=FAST["sft_config"])
-    assert json.loads((folder / "tiny_history.json").read_text())["config"]["steps"] == FAST["steps"]
-    assert _leftovers(tmp_path) == [] and [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
     for a, b in zip(results[0][0].parameters(), results[1][0].parameters()): assert torch.equal(a, b)
 
 
 def test_default_model_is_partially_competent():
     """The cached default model (trained on first use) answers some, not all, held-out sums.
     Measured for seed 0 with the default settings: see `read_tiny_history(tiny_cache_path())["accuracy"]`
-    (about 0.3-0.5 greedy accuracy on 256 held-out 2-digit additions)."""
+    SFT stops at the first evaluation with >= 30% held-out accuracy; measured: 0.3125 after 750 steps."""
     model, tok = load_tiny_model(progress=False)
     task = get_task("addition")
     config = read_tiny_history(tiny_cache_path())["config"]
     held_out = task.sample(config["eval_size"], seed=config["eval_seed"])  # never used for training
     acc = greedy_accuracy(model, tok, held_out, task.check)
     assert 0.1 <= acc <= 0.95, acc
+    assert acc == pytest.approx(read_tiny_history(tiny_cache_path())["accuracy"][-1])
