@@ -10,6 +10,22 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = {
     "core": "ModelConfig GenerationConfig Message Conversation Generation Rollout Batch TrainingConfig TrainingStats "
             "TrainingState CollatedBatch collate set_seed rollouts_to_jsonl rollouts_from_jsonl",
+    "tiny": "load_tiny_model build_tokenizer build_tiny_model",
+    "tasks": "get_task list_tasks load_jsonl_dataset extract_gsm8k_answer extract_number",
+    "inference": "load_model load_tokenizer format_prompt apply_chat_template parse_thinking generate "
+                 "generate_with_logprobs batch_generate compute_logprobs_for_tokens generate_conversation_turn "
+                 "extract_tool_calls execute_tools",
+    "rewards": "compute_scalar_reward compute_vector_reward aggregate_vector_rewards compute_batch_rewards "
+               "normalize_rewards apply_reward_shaping format_reward exact_match_reward length_penalty_reward "
+               "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator",
+    "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
+          "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
+          "create_periodic_updater update_reference_model",
+    "rollouts": "create_rollout create_batch_rollouts",
+    "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
+                  "create_grpo_config create_algorithm_config compute_loss_by_algorithm get_algorithm_config",
+    "training": "training_step training_iteration train update_ema_metrics log_to_console log_to_wandb "
+                "save_checkpoint load_checkpoint quick_start_training",
 }
 
 
