@@ -6,7 +6,7 @@ bash scripts/install.sh dev
 . .venv/bin/activate
 # Notebooks are tested two at a time on small machines: one torch thread each, and threads that sleep instead of
 # spinning while they wait (spinning OpenMP threads on a busy CPU made steps 10-30x slower here).
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" RLNB_NUM_THREADS="${RLNB_NUM_THREADS:-1}"
 # Train and cache the tiny model once, so the notebooks tested in parallel all load it instead of each training it.
 python -c "import rlnb; rlnb.load_tiny_model()"
 nbdev-test
