@@ -71,15 +71,6 @@ def load_sft(task: str):
     "A fresh copy of the SFT tiny model (from rlnb's cache; trained once on first use) and its tokenizer."
     from rlnb.tiny import load_tiny_model
     model, tok = load_tiny_model(task, progress=False)
-    if tok.decode(tok("<|im_end|>\n1", add_special_tokens=False)["input_ids"]) != "<|im_end|>\n1":
-        # Guard: with the model's config.json beside it, AutoTokenizer picks Qwen2Tokenizer, which drops "\n"; the
-        # model was trained with the saved PreTrainedTokenizerFast, so load exactly that one.
-        from transformers import PreTrainedTokenizerFast
-        if not getattr(load_sft, "warned", False):
-            print("note: load_tiny_model's tokenizer drops newlines; using PreTrainedTokenizerFast.from_pretrained on the same folder",
-                  file=sys.stderr)
-            load_sft.warned = True
-        tok = PreTrainedTokenizerFast.from_pretrained(model.name_or_path)
     return model.float().train(), tok
 
 
