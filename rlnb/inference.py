@@ -415,16 +415,70 @@ def _stop_string_cut(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> 
         else: lo = mid + 1
     return lo
 
+# %% ../nbs/03_inference.ipynb #61686707
+def _forward_parameters(model) -> dict:
+    "Parameters of the underlying model's `forward` (through a peft wrapper)."
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(base.forward).parameters
+
+
+def _position_ids(attention_mask: Tensor) -> Tensor:
+    "(b, T) positions counted from each row's first real token (left padding gets 0), as `generate` numbers them."
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _select_cache_rows(cache, index: Tensor):
+    "A KV cache of U rows re-indexed to len(index) rows (row r = cache row index[r]); differentiable."
+    if hasattr(cache, "batch_select_indices"):  # transformers' Cache objects
+        cache.batch_select_indices(index)
+        return cache
+    return tuple(tuple(t[index] for t in layer) for layer in cache)  # the legacy tuple-of-tuples layout
+
+
+def _prefill_prompts(
+    model,  # a causal LM whose forward takes `past_key_values`
+    prompt_ids: Tensor,  # (U, P) distinct prompts, left-padded
+    prompt_mask: Tensor,  # (U, P) 1 on real tokens
+    index: Tensor,  # (b,) which prompt each of the b rows continues
+) -> tuple[Tensor, Any]:
+    "Run each distinct prompt once: logits at its last position re-indexed to the rows (b, V), and its cache likewise."
+    params = _forward_parameters(model)
+    kwargs = {"input_ids": prompt_ids, "attention_mask": prompt_mask, "use_cache": True}
+    if "position_ids" in params: kwargs["position_ids"] = _position_ids(prompt_mask)
+    keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    if keep: kwargs[keep] = 1
+    out = model(**kwargs)
+    return out.logits[:, -1][index], _select_cache_rows(out.past_key_values, index)
+
+
+def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    "Distinct rows (U, P) of a prompt block, their masks (U, P) and each row's index (b,); None if no row repeats."
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)  # (b, 2P): a row is its tokens and its padding
+    unique, index = torch.unique(rows, dim=0, return_inverse=True)
+    if unique.shape[0] == rows.shape[0]: return None
+    P = prompt_ids.shape[1]
+    return unique[:, :P], unique[:, P:].to(prompt_mask.dtype), index
+
+
+def _can_share_prompts(model, custom_params: dict | None = None) -> bool:
+    "True if the model takes a KV cache (and the caller did not choose its own cache)."
+    custom = custom_params or {}
+    return "past_key_values" in _forward_parameters(model) and not ({"past_key_values", "cache_implementation"} & set(custom))
+
 # %% ../nbs/03_inference.ipynb #bd8c3dea
 def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
                           eos_ids: list[int]) -> list[Generation]:
     "One `model.generate` call for a few prompts, n samples each; generations in prompt-major order."
     n = config.num_return_sequences
     input_ids, attention_mask = left_pad(prompt_ids, pad_id, _model_device(model))  # (N, P)
+    kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
+    if n > 1 and input_ids.shape[1] > 1 and _can_share_prompts(model, config.custom_params):
+        rows = torch.arange(len(prompt_ids), device=input_ids.device).repeat_interleave(n)  # (N*n,) each row's prompt
+        with torch.no_grad():  # prompts minus their last token, once each; generate runs the rest
+            _, kwargs["past_key_values"] = _prefill_prompts(model, input_ids[:, :-1], attention_mask[:, :-1], rows)
     input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)  # (N*n, P)
     sampling = config.do_sample and config.temperature > 0
     recorder = _LogprobRecorder(float(config.temperature) if sampling else 1.0) if config.logprobs else None
-    kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
     if recorder is not None:  # first in the list, so it sees the model's raw logits
         kwargs["logits_processor"] = [recorder] + list(kwargs.get("logits_processor") or [])
     if config.stop_strings:  # our own criterion: transformers' `stop_strings` also matches text that starts in the prompt
@@ -517,12 +571,6 @@ def generate_with_logprobs(
     return generate(model, tokenizer, prompt, config._replace(logprobs=True))
 
 # %% ../nbs/03_inference.ipynb #2a32ef1d
-def _forward_parameters(model) -> dict:
-    "Parameters of the underlying model's `forward` (through a peft wrapper)."
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inspect.signature(base.forward).parameters
-
-
 def _token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool = False):
     "log-softmax(logits / T) at `tokens`, in float32: (b, C, V), (b, C) -> (b, C) [and entropy (b, C)]."
     logits = logits.float()
@@ -534,6 +582,27 @@ def _token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, with_ent
     return logprobs, entropy
 
 # %% ../nbs/03_inference.ipynb #6942c762
+def _full_pass_logits(model, ids: Tensor, mask: Tensor, C: int, params, keep: str | None) -> Tensor:
+    "Logits (b, C, V) predicting the last C tokens, from one pass over prompt + completion (b, P+C)."
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if "position_ids" in params: kwargs["position_ids"] = _position_ids(mask)
+    if "use_cache" in params: kwargs["use_cache"] = False
+    if keep: kwargs[keep] = C + 1
+    return model(**kwargs).logits[:, -(C + 1):-1]  # position P+t-1 predicts completion token t
+
+
+def _shared_prompt_logits(model, ids: Tensor, mask: Tensor, C: int, groups: tuple, params) -> Tensor:
+    "The same logits (b, C, V), each distinct prompt run once and its KV cache shared by the rows that repeat it."
+    prompt_ids, prompt_mask, index = groups  # (U, P), (U, P), (b,)
+    last, cache = _prefill_prompts(model, prompt_ids, prompt_mask, index)  # (b, V): predicts completion token 0
+    if C == 1: return last[:, None]
+    P = ids.shape[1] - C
+    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], "past_key_values": cache, "use_cache": True}
+    if "position_ids" in params: kwargs["position_ids"] = _position_ids(mask)[:, P:-1]
+    rest = model(**kwargs).logits  # (b, C-1, V): completion token t-1 predicts token t
+    return torch.cat([last[:, None], rest], 1)
+
+# %% ../nbs/03_inference.ipynb #879d39f3
 def compute_logprobs_for_tokens(
     model,  # a causal LM (transformers, peft, or any module returning `.logits`)
     input_ids: Tensor,  # (B, P+C) prompts left-padded to P, completions right-padded to C (`collate`'s layout)
@@ -542,6 +611,7 @@ def compute_logprobs_for_tokens(
     temperature: float = 1.0,  # sampling temperature: logits are divided by it
     micro_batch_size: int | None = None,  # rows per forward pass; None = all B at once
     return_entropy: bool = False,  # also return the entropy (B, C) of each position's distribution
+    share_prompts: bool = True,  # run each distinct prompt once and share its KV cache (same result; False = a full pass per row)
 ) -> Tensor | tuple[Tensor, Tensor]:
     "Log-probs (B, C) of the completion tokens, float32, with gradient unless called under `torch.no_grad()`."
     fn = "compute_logprobs_for_tokens"
@@ -566,16 +636,15 @@ def compute_logprobs_for_tokens(
     params = _forward_parameters(model)
     keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
     device = _model_device(model)
+    share = share_prompts and _can_share_prompts(model)
     logprobs, entropies = [], []
     for s in range(0, B, mb):
         ids, mask = input_ids[s:s + mb].to(device), attention_mask[s:s + mb].to(device)
         first = min(int(mask.any(0).int().argmax()), T - C - 1)  # drop columns that are padding in every row
         ids, mask = ids[:, first:], mask[:, first:]
-        kwargs = {"input_ids": ids, "attention_mask": mask}
-        if "position_ids" in params: kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)  # count from the first real token
-        if "use_cache" in params: kwargs["use_cache"] = False
-        if keep: kwargs[keep] = C + 1
-        logits = model(**kwargs).logits[:, -(C + 1):-1]  # (b, C, V): position P+t-1 predicts completion token t
+        groups = _distinct_prompts(ids[:, :-C], mask[:, :-C]) if share else None
+        if groups is None: logits = _full_pass_logits(model, ids, mask, C, params, keep)
+        else: logits = _shared_prompt_logits(model, ids, mask, C, groups, params)
         lp, ent = _token_logprobs(logits, ids[:, -C:], temperature, return_entropy)
         logprobs.append(lp); entropies.append(ent)
     out = torch.cat(logprobs)  # (B, C)

@@ -566,8 +566,8 @@ def create_eval_fn(
 def quick_start_training(
     task="addition",  # a task name (rlnb.tasks.TASKS) or a Task
     algorithm: str = "grpo",  # a key of rlnb.algorithms.ALGORITHMS
-    num_iterations: int = 60,  # rollout-then-update iterations
-    prompts_per_step: int = 8,  # distinct prompts per iteration
+    num_iterations: int = 200,  # rollout-then-update iterations
+    prompts_per_step: int = 16,  # distinct prompts per iteration
     group_size: int = 8,  # samples per prompt
     learning_rate: float = 2e-3,  # AdamW learning rate for the LoRA adapters
     lora_r: int = 8,  # LoRA rank (alpha = 2 r)
@@ -576,7 +576,7 @@ def quick_start_training(
     max_new_tokens: int = 8,  # completion budget
     seed: int = 0,  # seeds the LoRA init, the sampling and the prompt stream
     output_dir: str | Path | None = None,  # if given: metrics.jsonl and checkpoint/ go there (and a rerun resumes)
-    eval_every: int = 10,  # iterations between greedy evaluations (0 = none)
+    eval_every: int = 25,  # iterations between greedy evaluations (0 = none)
     eval_size: int = 64,  # held-out prompts for evaluation
     warmup_steps: int = 0,  # learning-rate warm-up
     max_grad_norm: float = 1.0,  # gradient clipping

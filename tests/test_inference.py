@@ -64,6 +64,45 @@ def test_sampled_groups_are_prompt_major_and_match_training_logprobs(tiny, promp
     assert ((lp - cb.old_logprobs).abs() * cb.completion_mask).max() < 1e-4
 
 
+@pytest.mark.parametrize("micro_batch_size", [None, 5])
+def test_shared_prompts_give_the_full_pass_logprobs_and_gradients(tiny, prompts, micro_batch_size):
+    "Groups of samples per prompt: one prefill per distinct prompt gives the same log-probs and LoRA gradients."
+    model, tok = tiny
+    policy = apply_lora(copy.deepcopy(model), r=4)
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad: p.add_(0.05 * torch.randn_like(p))  # B != 0, so A gets gradients too
+    set_seed(0)
+    gens = batch_generate(policy, tok, prompts, GenerationConfig(max_new_tokens=6, num_return_sequences=4))
+    rs = [Rollout("", prompt_token_ids=g.metadata["prompt_token_ids"], token_ids=g.token_ids) for g in gens]
+    cb = collate(rs, tok.pad_token_id, tok.eos_token_id)
+    C, adapters = cb.completion_ids.shape[1], [p for p in policy.parameters() if p.requires_grad]
+    out = {}
+    for share in (False, True):
+        lp = compute_logprobs_for_tokens(policy, cb.input_ids, cb.attention_mask, C, 0.8, micro_batch_size, share_prompts=share)
+        out[share] = (lp * cb.completion_mask).detach(), torch.autograd.grad((lp * cb.completion_mask).sum(), adapters)
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
+    for a, b in zip(out[True][1], out[False][1]):
+        assert b.abs().sum() > 0
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefill_samples_what_plain_generate_samples(tiny):
+    "Sampling from one prefill per prompt draws the same tokens as repeating each prompt row (same seed)."
+    from rlnb.inference import _hf_generate_kwargs, left_pad
+    model, tok = tiny
+    qs = [format_prompt(q, tok) for q in ("12+34=", "999+1=", "70+70=")]  # equal token lengths: batch_generate keeps the order
+    cfg = GenerationConfig(max_new_tokens=6, temperature=1.0, num_return_sequences=5)
+    set_seed(3)
+    gens = batch_generate(model, tok, qs, cfg)
+    ids, mask = left_pad([tok.encode(q) for q in qs], tok.pad_token_id)
+    set_seed(3)
+    with torch.no_grad():
+        plain = model.generate(input_ids=ids.repeat_interleave(5, 0), attention_mask=mask.repeat_interleave(5, 0),
+                               **_hf_generate_kwargs(cfg._replace(num_return_sequences=1), tok, tok.pad_token_id, [tok.eos_token_id]))
+    assert [g.token_ids for g in gens] == [row[ids.shape[1]:ids.shape[1] + len(g.token_ids)].tolist() for row, g in zip(plain.sequences, gens)]
+
+
 class EndOddRows:
     "A logits processor that makes every odd row emit EOS at step `at` (0-based)."
     def __init__(self, eos_id, at): self.eos_id, self.at, self.calls = eos_id, at, 0
