@@ -35,7 +35,8 @@ def test_short_grpo_run_learns(tmp_path):
     held_out = TASK.sample(128, seed=424242)
     base, tok = load_tiny_model("addition", progress=False)
     acc_before = evaluate_accuracy(base, tok, held_out, TASK.check, max_new_tokens=8)
-    state, df = quick_start_training(num_iterations=40, eval_every=0, output_dir=tmp_path / "run", progress=False, seed=0)
+    # 60 x 16 prompts: at 40 iterations a seed's greedy accuracy still swings by +-0.1; here seeds 0-3 gained 0.08-0.13
+    state, df = quick_start_training(num_iterations=60, prompts_per_step=16, eval_every=0, output_dir=tmp_path / "run", progress=False, seed=0)
     acc_after = evaluate_accuracy(state.model, tok, held_out, TASK.check, max_new_tokens=8)
     lora_b = [p for n, p in state.model.named_parameters() if "lora_B" in n]  # peft initialises B to zero
     assert lora_b and any(p.abs().max() > 0 for p in lora_b), "LoRA B matrices are still zero: no update reached the model"
@@ -44,7 +45,7 @@ def test_short_grpo_run_learns(tmp_path):
     assert acc_after >= acc_before + 0.05, (acc_before, acc_after)
     assert last > first, (first, last)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 40 and json.loads(lines[-1])["step"] == 40
+    assert len(lines) == 60 and json.loads(lines[-1])["step"] == 60
     assert (tmp_path / "run" / "checkpoint" / "state.json").exists()
 
 
