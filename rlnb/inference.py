@@ -422,6 +422,11 @@ def _forward_parameters(model) -> dict:
     return inspect.signature(base.forward).parameters
 
 
+def _logits_to_keep_arg(params) -> str | None:
+    "The name under which this model's forward accepts 'compute logits for the last k positions only', if any."
+    return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+
+
 def _position_ids(attention_mask: Tensor) -> Tensor:
     "(b, T) positions counted from each row's first real token (left padding gets 0), as `generate` numbers them."
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -445,7 +450,7 @@ def _prefill_prompts(
     params = _forward_parameters(model)
     kwargs = {"input_ids": prompt_ids, "attention_mask": prompt_mask, "use_cache": True}
     if "position_ids" in params: kwargs["position_ids"] = _position_ids(prompt_mask)
-    keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    keep = _logits_to_keep_arg(params)
     if keep: kwargs[keep] = 1
     out = model(**kwargs)
     return out.logits[:, -1][index], _select_cache_rows(out.past_key_values, index)
@@ -634,7 +639,7 @@ def compute_logprobs_for_tokens(
     if not isinstance(mb, int) or mb < 1: raise ValueError(f"{fn}: `micro_batch_size` must be an int >= 1 or None, got {micro_batch_size!r}")
 
     params = _forward_parameters(model)
-    keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+    keep = _logits_to_keep_arg(params)
     device = _model_device(model)
     share = share_prompts and _can_share_prompts(model)
     logprobs, entropies = [], []
