@@ -23,11 +23,12 @@ Part 2 (log-probs of those completions under no_grad, as for old/reference log-p
     python benchmarks/generation.py --prompts 64 --skip-memory   # a quick look
 """
 from __future__ import annotations
-import argparse, importlib.util, json, os, platform, subprocess, sys, time, warnings
+import argparse, importlib.util, json, os, platform, subprocess, sys, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("rlnb") is None: sys.path.insert(0, str(HERE.parent))  # a checkout, not installed
+from _common import reset_peak_rss, setup_torch, status_mib  # noqa: E402  (this folder is on sys.path when run as a script)
 
 
 def parse_args(argv=None):
@@ -45,32 +46,6 @@ def parse_args(argv=None):
     p.add_argument("--json", default="", help="write every measurement to this JSON file")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # internal: "<model>:<variant>", run one memory probe
     return p.parse_args(argv)
-
-
-def setup(threads: int):
-    import torch
-    torch.set_num_threads(threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    return torch
-
-
-def _status_mib(key: str) -> float:
-    "A memory line of /proc/self/status (VmRSS = resident now, VmHWM = peak resident), in MiB."
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"): return int(line.split()[1]) / 1024
-    raise KeyError(key)
-
-
-def reset_peak() -> bool:
-    "Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0); False where not allowed."
-    try:
-        with open("/proc/self/clear_refs", "w") as f: f.write("5")
-        return True
-    except OSError: return False
 
 
 def load(args):
@@ -181,7 +156,7 @@ def report_generation(title: str, g: dict, repeats: int):
 
 def run_probe(args):
     "Child process: build the inputs, then measure one variant's peak RSS increase. Prints one JSON line."
-    torch = setup(args.threads)
+    torch = setup_torch(args.threads)
     which, variant = args.probe.split(":", 1)
     model, tok, prompts = load(args)
     from rlnb.core import GenerationConfig
@@ -193,10 +168,10 @@ def run_probe(args):
     with torch.no_grad():
         fn(model, cb.__class__(*[x[:2] if isinstance(x, torch.Tensor) and x.dim() else x for x in cb]))  # warm-up on 2 rows
         import gc; gc.collect()
-        exact = reset_peak()  # without it, the peak of model loading could hide the pass's own peak
-        before, peak_before = _status_mib("VmRSS"), _status_mib("VmHWM")
+        exact = reset_peak_rss()  # without it, the peak of model loading could hide the pass's own peak
+        before, peak_before = status_mib("VmRSS"), status_mib("VmHWM")
         fn(model, cb)
-        peak_after = _status_mib("VmHWM")
+        peak_after = status_mib("VmHWM")
     print(json.dumps({"model": which, "variant": variant, "rss_before_mib": before, "peak_mib": peak_after,
                       "peak_increase_mib": peak_after - before, "exact": exact or peak_after > peak_before,
                       "vocab": model.config.vocab_size, "rows": cb.input_ids.shape[0], "columns": cb.input_ids.shape[1]}))
@@ -219,7 +194,7 @@ def bench_memory(args):
 def main(argv=None):
     args = parse_args(argv)
     if args.probe: return run_probe(args)
-    torch = setup(args.threads)
+    torch = setup_torch(args.threads)
     t0 = time.perf_counter()
     model, tok, prompts = load(args)
     print(f"# rlnb generation benchmark: {args.prompts} chat-formatted '{args.task}' prompts, greedy, "

@@ -15,11 +15,12 @@ processes (so each has its own peak), the peak memory of rlnb with no reference 
 TRL is installed only for benchmarks (`pip install trl`); rlnb itself does not depend on it. Results: benchmarks/README.md.
 """
 from __future__ import annotations
-import argparse, gc, importlib.util, json, os, platform, resource, subprocess, sys, tempfile, time, warnings
+import argparse, gc, importlib.util, json, os, platform, resource, subprocess, sys, tempfile, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("rlnb") is None: sys.path.insert(0, str(HERE.parent))  # a checkout, not installed
+from _common import reset_peak_rss, setup_torch, status_mib  # noqa: E402  (this folder is on sys.path when run as a script)
 LOSS_TYPES = {"grpo": "sequence_mean", "dapo": "token_mean", "dr_grpo": "constant"}  # TRL loss_type -> rlnb aggregation
 
 
@@ -57,16 +58,6 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------------------------------------------------- setup
-def setup_torch(threads: int):
-    import torch
-    torch.set_num_threads(threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-    return torch
-
-
 def load_sft(task: str):
     "A fresh copy of the SFT tiny model (from rlnb's cache; trained once on first use) and its tokenizer."
     from rlnb.tiny import load_tiny_model
@@ -96,30 +87,15 @@ def greedy_accuracy(model, tok, examples, check, max_new_tokens: int) -> float:
     return sum(bool(check(c, e.answer)) for c, e in zip(completions, examples)) / len(examples)
 
 
-def reset_peak_rss() -> bool:
-    "Reset the kernel's peak-RSS mark of this process (Linux: write 5 to /proc/self/clear_refs); False if not possible."
-    try:
-        with open("/proc/self/clear_refs", "w") as f: f.write("5")
-        return True
-    except OSError: return False
-
-
 def peak_rss_mb() -> float:
     "The peak RSS since the last `reset_peak_rss` (VmHWM), else since the process started."
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"): return int(line.split()[1]) / 1024
-    except OSError: pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    try: return status_mib("VmHWM")
+    except (OSError, KeyError): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def current_rss_mb() -> float:
-    try:
-        import psutil
-        return psutil.Process().memory_info().rss / 2**20
-    except ImportError:
-        with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    "Resident memory now (VmRSS), in MiB: the baseline the peak is compared with."
+    return status_mib("VmRSS")
 
 
 # ----------------------------------------------------------------------------------------------------------------- rlnb
