@@ -2,7 +2,7 @@
 
 Part 1, generation (one process, greedy decoding, the same `max_new_tokens` on both sides):
   - seeds: `model.generate` once per prompt, as the seeds' `batch_generate` does (it loops over `generate`);
-  - rlnb:  `rlnb.inference.batch_generate`, left-padded micro-batches of `--batch-size` prompts (several sizes can
+  - rlnb:  `rlnb.generation.batch_generate`, left-padded micro-batches of `--batch-size` prompts (several sizes can
     be given), one `model.generate` call each.
   Both produce the same completions (checked, token by token); the ratio of wall-clock times is printed. Two
   workloads: (A) the SFT tiny model (`rlnb.tiny.load_tiny_model`) answering: ~3-token answers after a ~27-token
@@ -52,7 +52,7 @@ def load(args):
     "The SFT tiny model, its tokenizer and chat-formatted prompts."
     from rlnb.tiny import load_tiny_model
     from rlnb.tasks import get_task
-    from rlnb.inference import format_prompt
+    from rlnb.chat import format_prompt
     model, tok = load_tiny_model(args.task)
     model.eval()
     examples = get_task(args.task).sample(args.prompts, seed=0)
@@ -79,7 +79,7 @@ def batch_sizes(args) -> list[int]: return [int(b) for b in str(args.batch_size)
 def bench_generation(args, model, tok, prompts, max_new_tokens):
     "Time the seeds' loop, then batch_generate at each batch size; check every completion is identical."
     from rlnb.core import GenerationConfig
-    from rlnb.inference import batch_generate
+    from rlnb.generation import batch_generate
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
     seeds_generate_loop(model, tok, prompts[:4], max_new_tokens); batch_generate(model, tok, prompts[:4], cfg)  # warm-up
     t0 = time.perf_counter(); loop_ids = seeds_generate_loop(model, tok, prompts, max_new_tokens); t_loop = time.perf_counter() - t0
@@ -106,7 +106,7 @@ def batch_tensors(tok, gens):
 def logprob_variants(args):
     "name -> function(model, cb) running that variant of the no-grad log-prob pass."
     import torch
-    from rlnb.inference import compute_logprobs_for_tokens
+    from rlnb.logprobs import compute_logprobs_for_tokens
     C = lambda cb: cb.completion_ids.shape[1]
 
     def per_sequence(model, cb):  # the seeds: one prompt+completion per forward pass, unpadded
@@ -160,7 +160,7 @@ def run_probe(args):
     which, variant = args.probe.split(":", 1)
     model, tok, prompts = load(args)
     from rlnb.core import GenerationConfig
-    from rlnb.inference import batch_generate
+    from rlnb.generation import batch_generate
     gens = batch_generate(model, tok, prompts, GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False), batch_size=batch_sizes(args)[0])
     if which == "wide": model = random_model(model, args.wide_vocab)  # score the same completions under a 32k-vocabulary model
     cb = batch_tensors(tok, gens)

@@ -101,8 +101,9 @@ def current_rss_mb() -> float:
 # ----------------------------------------------------------------------------------------------------------------- rlnb
 def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None, ref_kind: str | None = None) -> dict:
     "rlnb's pieces for a GRPO + LoRA run with the benchmark's settings: state, configs and an empty record."
-    from rlnb.core import GenerationConfig, TrainingConfig, TrainingState, set_seed
-    from rlnb.inference import apply_lora
+    from rlnb.core import TrainingConfig, TrainingState, set_seed
+    from rlnb.models import apply_lora
+    from rlnb.rollouts import create_rollout_fn
     from rlnb.kl import create_frozen_copy, create_reference_model
     from rlnb.algorithms import create_algorithm_config
     from rlnb.training import create_optimizer
@@ -121,13 +122,13 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     optimizer, scheduler = create_optimizer(model, learning_rate=args.lr, weight_decay=0.0, warmup_steps=0)
     B = args.prompts * args.group
     tcfg = TrainingConfig(num_iterations=args.steps, prompts_per_step=args.prompts, group_size=args.group, learning_rate=args.lr,
-                          max_grad_norm=1.0, updates_per_batch=1, micro_batch_size=B, seed=seed, eval_every=0)
+                          max_grad_norm=1.0, updates_per_batch=1, micro_batch_size=B, seed=seed, eval_every=0, beta=beta,
+                          temperature=args.temperature, max_new_tokens=args.max_new_tokens, lora_r=args.lora_r)
     algo = create_algorithm_config("grpo", beta=beta, clip_eps=0.2, scale=args.scale_rewards, aggregation=LOSS_TYPES[args.loss_type],
                                    max_completion_length=args.max_new_tokens if args.loss_type == "dr_grpo" else None)
-    gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=1.0, top_k=0,
-                                  num_return_sequences=args.group)
-    state = TrainingState(0, 0, model, optimizer, scheduler, ref_model=ref, metadata={"training_config": tcfg})
-    return dict(side="rlnb", state=state, tok=tok, task=task, gen_config=gen_config, algo=algo, tcfg=tcfg, ref=ref, ref_kind=ref_kind,
+    rollout_fn = create_rollout_fn(task.reward_fn, system_prompt=task.system_prompt)  # top_p 1, top_k off: plain sampling
+    state = TrainingState(0, 0, model, optimizer, scheduler, ref_model=ref, metadata={"config": tcfg})
+    return dict(side="rlnb", state=state, tok=tok, task=task, rollout_fn=rollout_fn, algo=algo, tcfg=tcfg, ref=ref, ref_kind=ref_kind,
                 targets=targets, rss_before_ref_mb=rss_before_ref, peak_reset=peak_reset, step_s=[], cpu_s=[], rewards=[], kl=[], rollout_s=[])
 
 
@@ -135,8 +136,7 @@ def rlnb_step(ctx: dict, prompts) -> None:
     "One rlnb iteration (sample the group rollouts, score, one GRPO update): `training_iteration`, timed."
     from rlnb.training import training_iteration
     t, c = time.perf_counter(), time.process_time()
-    state, _, stats = training_iteration(ctx["state"], prompts, None, ctx["tok"], ctx["gen_config"], ctx["algo"],
-                                         ctx["task"].reward_fn, config=ctx["tcfg"])
+    state, _, stats = training_iteration(ctx["state"], prompts, ctx["tok"], ctx["tcfg"], ctx["rollout_fn"], ctx["algo"])
     ctx["step_s"].append(time.perf_counter() - t); ctx["cpu_s"].append(time.process_time() - c)
     m = stats.custom_metrics or {}
     ctx["state"] = state

@@ -1,4 +1,4 @@
-"""The records and tensors every other notebook passes around.
+"""The records and tensors every other notebook passes around, the one run config, and the helpers every module shares.
 
 Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #48326ae3
 from __future__ import annotations
-import json, math, os, random, tempfile
+import difflib, json, math, os, random, tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -14,9 +14,10 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
-           'TrainingStats', 'TrainingState', 'CollatedBatch', 'collate', 'set_seed', 'to_jsonable', 'from_jsonable',
-           'rollouts_to_jsonl', 'rollouts_from_jsonl']
+__all__ = ['SMALL_MODEL_PARAMS', 'ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch',
+           'TrainingConfig', 'TrainingStats', 'TrainingState', 'create_training_config', 'CollatedBatch', 'collate',
+           'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'model_device',
+           'pad_token_id', 'is_peft_model', 'GroupStats', 'group_stats', 'default_num_threads']
 
 # %% ../nbs/00_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -120,23 +121,35 @@ class Batch(_BatchFields):
 
 # %% ../nbs/00_core.ipynb #a9349ad1
 class TrainingConfig(NamedTuple):
-    "The knobs of an RL run."
-    num_iterations: int = 100  # rollout-then-update iterations
-    prompts_per_step: int = 8  # distinct prompts sampled per iteration
-    group_size: int = 8  # completions per prompt (GRPO's G)
-    learning_rate: float = 1e-5  # peak learning rate
+    "Every knob of an RL run, with the defaults of the README's main job (tiny model, addition, GRPO, LoRA)."
+    model: str = "tiny"  # "tiny" (rlnb's built-in model), a Hugging Face id or a local folder
+    task: str = "addition"  # a task name (rlnb.tasks.list_tasks()); gives prompts, reward and evaluation
+    algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
+    algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
+    beta: float = 0.0  # weight of the KL penalty to the reference (the KL is logged either way)
+    num_iterations: int = 200  # rollout-then-update iterations
+    prompts_per_step: int = 16  # distinct prompts per iteration
+    group_size: int = 8  # completions sampled per prompt (GRPO's G)
+    temperature: float = 1.0  # sampling temperature (training log-probs use the same)
+    max_new_tokens: int = 8  # completion budget in tokens
+    learning_rate: float = 2e-3  # peak learning rate (AdamW)
+    lr_schedule: str = "constant"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
+    warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
     weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear warm-up of the learning rate, in optimizer steps
-    max_grad_norm: float = 1.0  # gradient clipping threshold (0 = off)
+    max_grad_norm: float = 1.0  # gradient clipping threshold (0: off)
+    lora_r: int = 8  # LoRA rank (alpha: 2 r); 0 trains every weight
     updates_per_batch: int = 1  # optimizer updates on each rollout batch (GRPO's mu)
-    micro_batch_size: int = 8  # sequences per forward/backward pass (gradient accumulation)
-    seed: int = 0  # seeds python, numpy and torch
-    output_dir: str | None = None  # where metrics and checkpoints go
-    log_every: int = 1  # iterations between log lines
-    eval_every: int = 10  # iterations between evaluations (0 = never)
-    checkpoint_every: int = 0  # iterations between checkpoints (0 = only at the end)
+    micro_batch_size: int | None = None  # sequences per forward/backward pass (None: the whole batch)
+    seed: int = 0  # seeds the LoRA init, the sampling and the prompt stream
+    eval_every: int = 25  # iterations between greedy evaluations on held-out prompts (0: none)
+    eval_size: int = 64  # held-out prompts per evaluation
+    output_dir: str | None = None  # metrics.jsonl and checkpoint/ go here (None: keep nothing on disk)
+    checkpoint_every: int = 0  # iterations between checkpoints in output_dir (0: only at the end)
+    resume: bool = False  # continue the run saved in output_dir (False: an existing run there is an error)
+    max_seconds: float | None = None  # wall-time budget of the loop (a checkpoint is still written)
+    num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
 
-
+# %% ../nbs/00_core.ipynb #0a12b30b
 class TrainingStats(NamedTuple):
     "What one training step measured."
     loss: float  # the scalar that was back-propagated
@@ -147,7 +160,7 @@ class TrainingStats(NamedTuple):
     rewards_std: float  # reward standard deviation of the batch
     custom_metrics: dict | None = None  # namespaced extras, e.g. {"clip/ratio": 0.1}
 
-
+# %% ../nbs/00_core.ipynb #22c956b1
 class TrainingState(NamedTuple):
     "Everything a run needs to take its next step."
     iteration: int  # rollout-then-update iterations done
@@ -158,6 +171,57 @@ class TrainingState(NamedTuple):
     ref_model: Any = None  # reference model for KL, if any
     stats_history: tuple = ()  # TrainingStats of past steps
     metadata: dict | None = None  # e.g. the run's config
+
+# %% ../nbs/00_core.ipynb #bfee8ba5
+_LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
+    "beta": (0, True), "num_iterations": (0, True), "prompts_per_step": (1, True), "group_size": (1, True),
+    "temperature": (0, False), "max_new_tokens": (1, True), "learning_rate": (0, False), "warmup_steps": (0, True),
+    "weight_decay": (0, True), "max_grad_norm": (0, True), "lora_r": (0, True), "updates_per_batch": (1, True),
+    "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
+    "max_seconds": (0, False), "num_threads": (1, True)}
+_CHOICES = {"lr_schedule": ("constant", "cosine", "wsd")}
+
+
+def _field_value(name: str, value, annotation: str):
+    "`value` checked against the field's annotation ('int', 'float | None', ...); ints pass as floats, nothing else converts."
+    annotation = getattr(annotation, "__forward_arg__", getattr(annotation, "__name__", str(annotation)))  # NamedTuple keeps a ForwardRef
+    kinds = [k.strip() for k in annotation.split("|")]
+    if value is None:
+        if "None" in kinds: return None
+        raise ValueError(f"TrainingConfig: `{name}` must not be None (expected {annotation})")
+    if isinstance(value, bool): ok = "bool" in kinds
+    elif isinstance(value, int): ok = "int" in kinds or "float" in kinds
+    elif isinstance(value, float):
+        ok = "float" in kinds or ("int" in kinds and value.is_integer())  # 1e3 from a command line is an int
+        if ok and "float" not in kinds: value = int(value)
+    else: ok = any(isinstance(value, {"str": str, "dict": dict}.get(k, ())) for k in kinds)
+    if not ok: raise ValueError(f"TrainingConfig: `{name}` must be {annotation}, got {value!r} ({type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value): raise ValueError(f"TrainingConfig: `{name}` must be finite, got {value!r}")
+    return float(value) if "float" in kinds and "int" not in kinds and not isinstance(value, bool) else value
+
+
+def create_training_config(
+    config: TrainingConfig | dict | None = None,  # a config to start from (or a dict of fields); None = the defaults
+    **changes,  # fields to change, e.g. learning_rate=1e-3 (from code, papermill parameters or a JSON file)
+) -> TrainingConfig:
+    "A checked `TrainingConfig`: unknown names, wrong types and out-of-range values are errors naming the field."
+    if isinstance(config, dict): config, changes = None, {**config, **changes}
+    base = TrainingConfig() if config is None else config
+    if not isinstance(base, TrainingConfig): raise TypeError(f"create_training_config: `config` must be a TrainingConfig or a dict, got {type(base).__name__}")
+    fields = TrainingConfig._fields
+    for name in changes:
+        if name not in fields:
+            close = difflib.get_close_matches(name, fields, n=1)
+            raise ValueError(f"TrainingConfig has no field {name!r}" + (f"; did you mean {close[0]!r}?" if close else f"; fields: {list(fields)}"))
+    values = {**base._asdict(), **changes}
+    for name in fields:
+        v = values[name] = _field_value(name, values[name], TrainingConfig.__annotations__[name])
+        if name in _LIMITS and v is not None:
+            low, inclusive = _LIMITS[name]
+            if v < low or (v == low and not inclusive):
+                raise ValueError(f"TrainingConfig: `{name}` must be {'>=' if inclusive else '>'} {low}, got {v!r}")
+        if name in _CHOICES and v not in _CHOICES[name]: raise ValueError(f"TrainingConfig: `{name}` must be one of {_CHOICES[name]}, got {v!r}")
+    return TrainingConfig(**values)
 
 # %% ../nbs/00_core.ipynb #e70dd81a
 class CollatedBatch(NamedTuple):
@@ -172,6 +236,7 @@ class CollatedBatch(NamedTuple):
     old_logprobs: Tensor | None  # (B, C) float or None: sampling-time log-probs
     ref_logprobs: Tensor | None  # (B, C) float or None: reference log-probs
     prompt_length: int  # P: the column where completions start
+    advantages: Tensor | None = None  # (B,) or (B, C): set once per batch by training_step, before any micro-batch
 
 # %% ../nbs/00_core.ipynb #c0f06b84
 def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:
@@ -204,7 +269,7 @@ def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
 def collate(
     rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
     pad_token_id: int,  # id written into padding positions (may equal the EOS id)
-    eos_token_id: int | None = None,  # if given, loss_mask is 0 after the first EOS of each completion
+    eos_token_id: int | None = None,  # if given, loss_mask is 0 after the first EOS (rollouts without their own loss_mask)
     device: Any = None,  # where to put the tensors
 ) -> CollatedBatch:
     "Pad rollouts into training tensors: prompts left-padded to P, completions right-padded to C."
@@ -229,10 +294,11 @@ def collate(
 
     own = [torch.ones(len(r.token_ids)) if r.loss_mask is None else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
     loss_mask = _pad(own, 0.0, min_len=C) * completion_mask  # (B, C)
-    if eos_token_id is not None:
+    if eos_token_id is not None:  # a rollout without its own loss_mask learns nothing after its first EOS
         is_eos = (completion_ids == eos_token_id) & completion_mask.bool()  # (B, C)
         first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))  # (B,) index of first EOS, or C
-        loss_mask = loss_mask * (cols[None, :] <= first[:, None]).float()
+        explicit = torch.tensor([r.loss_mask is not None for r in rollouts])  # (B,) a multi-turn stream has EOS mid-way
+        loss_mask = loss_mask * ((cols[None, :] <= first[:, None]) | explicit[:, None]).float()
 
     def per_token(field):
         vals = [getattr(r, field) for r in rollouts]
@@ -315,3 +381,81 @@ def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
             if not isinstance(r, Rollout): raise ValueError(f"{path}:{n}: expected a Rollout record")
             out.append(r)
     return out
+
+# %% ../nbs/00_core.ipynb #9861db0d
+def model_device(model) -> torch.device:
+    "The device of `model`'s first parameter (where its inputs go); the CPU for a model without parameters."
+    try: return next(model.parameters()).device
+    except (StopIteration, AttributeError): return torch.device("cpu")
+
+# %% ../nbs/00_core.ipynb #e787196f
+def pad_token_id(
+    tokenizer,  # a transformers tokenizer
+    fn: str = "pad_token_id",  # the caller's name, for the error message
+) -> int:
+    "The tokenizer's pad id, else its EOS id (padding never reaches a loss), else an error saying how to fix it."
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None: raise ValueError(f"{fn}: `tokenizer` has neither a pad token nor an EOS token; set `tokenizer.pad_token` (see rlnb.models.prepare_tokenizer)")
+    return pad
+
+# %% ../nbs/00_core.ipynb #4ac7b029
+def is_peft_model(model) -> bool:
+    "True for a peft model (LoRA adapters): its reference is itself with the adapters off, its checkpoint the adapters."
+    try: from peft import PeftModel
+    except ImportError: return False
+    return isinstance(model, PeftModel)
+
+# %% ../nbs/00_core.ipynb #ba705988
+class GroupStats(NamedTuple):
+    "Statistics of the values in each of G groups, and which group each of the B values belongs to."
+    index: Tensor  # (B,) long, the group of each value, 0..G-1 in the order of the sorted labels
+    count: Tensor  # (G,) values per group
+    mean: Tensor  # (G,) exactly the common value for a group whose values are all equal
+    std: Tensor  # (G,) population std (divide by n) or sample std (n - 1, 0 for a group of one)
+    min: Tensor  # (G,)
+    max: Tensor  # (G,)
+
+
+def group_stats(
+    values: Tensor,  # (B,) float values, e.g. one reward per rollout
+    group_ids: Tensor | None = None,  # (B,) integer labels in any order; None = one group
+    unbiased: bool = False,  # std with Bessel's correction (n - 1), as torch.std and GRPO use; False = divide by n
+) -> GroupStats:
+    "Count, mean, std, min and max of `values` within each group, vectorised (no Python loop over groups)."
+    B = values.shape[0]
+    if values.ndim != 1: raise ValueError(f"group_stats: `values` has shape {tuple(values.shape)}, expected (B,)")
+    if group_ids is None: index = torch.zeros(B, dtype=torch.long, device=values.device)
+    else:
+        g = torch.as_tensor(group_ids, device=values.device)
+        if g.shape != (B,): raise ValueError(f"group_stats: `group_ids` has shape {tuple(g.shape)}, expected ({B},) like `values`")
+        if g.is_floating_point(): raise TypeError(f"group_stats: `group_ids` must be integers, got dtype {g.dtype}")
+        index = torch.unique(g, return_inverse=True)[1]  # (B,) in 0..G-1
+    G = int(index.max()) + 1 if B else 0
+    zeros = values.new_zeros(G)
+    count = zeros.index_add(0, index, torch.ones_like(values))  # (G,)
+    lo = values.new_full((G,), math.inf).scatter_reduce(0, index, values, "amin")
+    hi = values.new_full((G,), -math.inf).scatter_reduce(0, index, values, "amax")
+    mean = torch.where(lo == hi, lo, zeros.index_add(0, index, values) / count)  # (G,) exact for constant groups
+    dof = (count - 1).clamp(min=1) if unbiased else count
+    std = (zeros.index_add(0, index, (values - mean[index]) ** 2) / dof).sqrt()  # (G,)
+    if unbiased: std = torch.where(count > 1, std, zeros)
+    return GroupStats(index, count, mean, std, lo, hi)
+
+# %% ../nbs/00_core.ipynb #7e073a3b
+SMALL_MODEL_PARAMS = 50_000_000  # below this many parameters a CPU run uses one torch thread by default
+
+
+def default_num_threads(
+    model=None,  # the policy; its size decides (None = treat as small)
+    num_threads: int | None = None,  # an explicit choice wins
+) -> int:
+    "Torch CPU threads for a run: `num_threads`, else $RLNB_NUM_THREADS, else 1 for a small model, else torch's default."
+    if num_threads is not None:
+        if not isinstance(num_threads, int) or num_threads < 1: raise ValueError(f"default_num_threads: `num_threads` must be an int >= 1, got {num_threads!r}")
+        return num_threads
+    env = os.environ.get("RLNB_NUM_THREADS")
+    if env:
+        try: return max(1, int(env))
+        except ValueError: raise ValueError(f"default_num_threads: $RLNB_NUM_THREADS must be an integer, got {env!r}") from None
+    n = sum(p.numel() for p in model.parameters()) if model is not None else 0
+    return 1 if n < SMALL_MODEL_PARAMS else torch.get_num_threads()

@@ -1,13 +1,16 @@
-"rlnb.inference as a programmer uses it: imported alone, on an untrained tiny model (no SFT, no network)."
+"Inference (rlnb.models, chat, generation, logprobs, tools) as a programmer uses it: on an untrained tiny model (no SFT, no network)."
 import copy, subprocess, sys, time
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlnb.core import GenerationConfig, ModelConfig, Rollout, collate, set_seed
-from rlnb.inference import (apply_lora, batch_generate, compute_logprobs_for_tokens, execute_tools, extract_tool_calls,
-                            format_prompt, generate, load_model, load_tokenizer)
+from rlnb.core import Generation, GenerationConfig, ModelConfig, Rollout, collate, set_seed
+from rlnb.chat import format_prompt
+from rlnb.generation import batch_generate, generate, generate_with_logprobs
+from rlnb.logprobs import compute_logprobs_for_tokens
+from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS, apply_lora, load_model, load_tokenizer
+from rlnb.tools import execute_tools, extract_tool_calls
 from rlnb.tiny import build_tiny_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +40,11 @@ def score(model, tok, gens, temperature=1.0, micro_batch_size=None):
 
 
 def test_import_alone_in_a_fresh_process():
-    "The module imports without the notebooks or rlnb.tiny having been imported first."
-    code = "import rlnb.inference as i; assert callable(i.batch_generate) and callable(i.compute_logprobs_for_tokens)"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    "Each module imports without the notebooks having been run first."
+    for module, name in (("models", "load_model"), ("chat", "format_prompt"), ("generation", "batch_generate"),
+                         ("logprobs", "compute_logprobs_for_tokens"), ("tools", "generate_conversation_turn")):
+        code = f"import rlnb.{module} as m; assert callable(m.{name})"
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_batched_equals_one_at_a_time_and_matches_training_logprobs(tiny, prompts):
@@ -89,7 +94,7 @@ def test_shared_prompts_give_the_full_pass_logprobs_and_gradients(tiny, prompts,
 
 def test_shared_prefill_samples_what_plain_generate_samples(tiny):
     "Sampling from one prefill per prompt draws the same tokens as repeating each prompt row (same seed)."
-    from rlnb.inference import _hf_generate_kwargs, left_pad
+    from rlnb.generation import _hf_generate_kwargs, left_pad
     model, tok = tiny
     qs = [format_prompt(q, tok) for q in ("12+34=", "999+1=", "70+70=")]  # equal token lengths: batch_generate keeps the order
     cfg = GenerationConfig(max_new_tokens=6, temperature=1.0, num_return_sequences=5)
@@ -170,6 +175,55 @@ def test_load_model_from_a_saved_directory_with_lora_and_checkpointing(tiny, tmp
     grads = {n: p.grad for n, p in m.named_parameters()}
     assert all(g is None for n, g in grads.items() if "lora_" not in n)
     assert any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n)
+
+
+def test_generator_hook_gets_the_prompt_list(tiny, prompts):
+    "One generator contract: (model, tokenizer, prompts, config) -> prompt-major list; generate passes [prompt]."
+    model, tok = tiny
+    seen = []
+    def echo(m, t, ps, c):
+        seen.append(list(ps))
+        return [Generation(f"{p}#{j}") for p in ps for j in range(c.num_return_sequences)]
+    gens = batch_generate(model, tok, prompts[:2], GenerationConfig(num_return_sequences=2), batch_size=1, generator=echo)
+    assert [g.text for g in gens] == [f"{p}#{j}" for p in prompts[:2] for j in range(2)] and seen == [prompts[:2]]
+    assert generate(model, tok, prompts[0], generator=echo).text == f"{prompts[0]}#0" and seen[-1] == [prompts[0]]
+    with pytest.raises(ValueError, match="expected 2"): batch_generate(model, tok, prompts[:1], GenerationConfig(num_return_sequences=2), generator=lambda *a: [])
+
+
+def test_logprob_extractor_scores_the_sampled_tokens(tiny, prompts):
+    "generate_with_logprobs: recorded log-probs by default; a logprob_extractor (compute_logprobs_for_tokens) gives the same."
+    model, tok = tiny
+    cfg = GenerationConfig(max_new_tokens=6, temperature=0.7)
+    set_seed(4)
+    recorded = generate_with_logprobs(model, tok, prompts[1], cfg)
+    set_seed(4)
+    scored = generate_with_logprobs(model, tok, prompts[1], cfg, logprob_extractor=compute_logprobs_for_tokens)
+    assert scored.token_ids == recorded.token_ids and len(scored.logprobs) == len(scored.token_ids)
+    torch.testing.assert_close(torch.tensor(scored.logprobs), torch.tensor(recorded.logprobs), atol=1e-4, rtol=0)
+    calls = []
+    def extractor(m, input_ids, attention_mask, completion_length, temperature=1.0, micro_batch_size=None):
+        calls.append((tuple(input_ids.shape), completion_length, temperature))
+        return compute_logprobs_for_tokens(m, input_ids, attention_mask, completion_length, temperature, micro_batch_size)
+    replay = lambda m, t, ps, c: [Generation(recorded.text, token_ids=recorded.token_ids)]  # a backend without log-probs
+    out = generate_with_logprobs(model, tok, prompts[1], cfg, logprob_extractor=extractor, generator=replay)
+    torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(recorded.logprobs), atol=1e-4, rtol=0)
+    P = len(tok.encode(prompts[1]))
+    assert calls == [((1, P + len(recorded.token_ids)), len(recorded.token_ids), 0.7)]
+    with pytest.raises(ValueError, match="logprob_extractor"): generate_with_logprobs(model, tok, prompts[1], cfg, generator=replay)
+
+
+def test_model_and_tokenizer_registries(tiny):
+    "A name in MODEL_LOADERS / TOKENIZER_LOADERS is loaded by its loader, then placed and wrapped like any model."
+    model, tok = tiny
+    MODEL_LOADERS["test-copy"] = lambda c: copy.deepcopy(model)
+    TOKENIZER_LOADERS["test-copy"] = lambda c: build_tokenizer()
+    try:
+        m = load_model(ModelConfig("test-copy", device="cpu", dtype="bfloat16", use_lora=True, lora_r=2))
+        assert m.get_base_model().dtype == torch.bfloat16 and any(p.requires_grad for p in m.parameters())
+        assert load_tokenizer("test-copy").padding_side == "left"
+        assert load_model("test-copy", model_loader=lambda c: model) is model  # the argument beats the registry
+    finally:
+        del MODEL_LOADERS["test-copy"], TOKENIZER_LOADERS["test-copy"]
 
 
 def test_clear_errors(tiny):

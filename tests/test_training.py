@@ -1,21 +1,23 @@
-"End-to-end checks of rlnb.training: a short GRPO run learns, checkpoints round-trip atomically, runs resume."
+"End-to-end checks of rlnb.training: a short GRPO run learns, runs resume, and the run's errors name the user's parameter."
 import json
 
 import pytest
 import torch
 
-from rlnb.core import GenerationConfig, TrainingConfig, TrainingState, set_seed
+from rlnb.core import GenerationConfig, TrainingState, create_training_config, set_seed
 from rlnb.algorithms import create_algorithm_config
-from rlnb.inference import apply_lora
+from rlnb.models import apply_lora
 from rlnb.kl import create_reference_model
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import (create_jsonl_logger, create_optimizer, evaluate_accuracy, load_checkpoint, load_metrics,
-                           quick_start_training, save_checkpoint, train, training_step)
+from rlnb.training import create_optimizer, evaluate_accuracy, train, training_step
+from rlnb.quickstart import quick_start_training
+from rlnb.loggers import load_metrics
 from rlnb.rollouts import create_batch_rollouts
 
 torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and far faster on a shared, busy CPU
 TASK = get_task("addition")
+SMALL = dict(num_iterations=3, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=0)
 
 
 def lora_policy(seed=0, lr=3e-3):
@@ -26,17 +28,13 @@ def lora_policy(seed=0, lr=3e-3):
     return TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model)), tok
 
 
-def lora_weights(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-
-
 def test_short_grpo_run_learns(tmp_path):
     "Greedy held-out accuracy rises clearly and the LoRA weights moved: fails if no gradient reaches the model."
     held_out = TASK.sample(128, seed=424242)
     base, tok = load_tiny_model("addition", progress=False)
     acc_before = evaluate_accuracy(base, tok, held_out, TASK.check, max_new_tokens=8)
-    # 60 x 16 prompts: at 40 iterations a seed's greedy accuracy still swings by +-0.1; here seeds 0-3 gained 0.08-0.13
-    state, df = quick_start_training(num_iterations=60, prompts_per_step=16, eval_every=0, output_dir=tmp_path / "run", progress=False, seed=0)
+    # 60 x 16 prompts: at 40 iterations a seed's greedy accuracy still swings by +-0.1
+    state, df = quick_start_training(num_iterations=60, eval_every=0, output_dir=str(tmp_path / "run"), progress=False, seed=0)
     acc_after = evaluate_accuracy(state.model, tok, held_out, TASK.check, max_new_tokens=8)
     lora_b = [p for n, p in state.model.named_parameters() if "lora_B" in n]  # peft initialises B to zero
     assert lora_b and any(p.abs().max() > 0 for p in lora_b), "LoRA B matrices are still zero: no update reached the model"
@@ -46,16 +44,15 @@ def test_short_grpo_run_learns(tmp_path):
     assert last > first, (first, last)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 60 and json.loads(lines[-1])["step"] == 60
-    assert (tmp_path / "run" / "checkpoint" / "state.json").exists()
 
 
 def test_grpo_learns_a_learnable_reward_by_a_wide_margin():
     "A reward the tiny model can reach fast (answers starting with '1'): the mean reward climbs from ~0.4 to ~1."
     state, tok = lora_policy(lr=3e-3)
     reward = lambda rollout: float(rollout.generation.text.startswith("1"))
-    gen = GenerationConfig(max_new_tokens=8, temperature=1.0, num_return_sequences=8)
     rewards = []
-    train(state, lambda it: TASK.sample(8, seed=it), 20, gen, create_algorithm_config("grpo"), reward, tok,
+    train(create_training_config(num_iterations=20, group_size=8, eval_every=0), initial_state=state, tokenizer=tok,
+          prompt_loader=lambda it: TASK.sample(8, seed=it), reward_fn=reward,
           logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"reward 'starts with 1': {first:.2f} -> {last:.2f}")
@@ -64,74 +61,69 @@ def test_grpo_learns_a_learnable_reward_by_a_wide_margin():
 
 def test_training_step_refuses_a_loss_without_gradient():
     state, tok = lora_policy()
-    gen = GenerationConfig(max_new_tokens=6, num_return_sequences=2)
-    batch = create_batch_rollouts(state.model, tok, TASK.sample(2, seed=0), gen, reward_fn=TASK.reward_fn)
-    constant_loss = lambda cb, logprobs, cfg, advantages=None: (torch.tensor(0.5), {})
+    batch = create_batch_rollouts(state.model, tok, TASK.sample(2, seed=0), GenerationConfig(max_new_tokens=6, num_return_sequences=2),
+                                  reward_fn=TASK.reward_fn)
+    constant_loss = lambda cb, logprobs, cfg: (torch.tensor(0.5), {})
     with pytest.raises(RuntimeError, match="no gradient path"):
         training_step(state, batch, create_algorithm_config("grpo"), tokenizer=tok, loss_fn=constant_loss)
 
 
-def test_checkpoint_round_trip_and_atomic_failure(tmp_path):
+def test_nan_loss_stops_the_step_before_the_weights():
     state, tok = lora_policy()
-    gen = GenerationConfig(max_new_tokens=6, num_return_sequences=4)
-    batch = create_batch_rollouts(state.model, tok, TASK.sample(2, seed=0), gen, reward_fn=TASK.reward_fn)
-    state, _ = training_step(state, batch, create_algorithm_config("grpo"), tokenizer=tok)
-    path = save_checkpoint(state._replace(iteration=5), tmp_path / "ckpt")
-    saved = lora_weights(state.model)
-
-    class Broken:  # an optimizer whose state cannot be written
-        param_groups = []
-        def state_dict(self): raise OSError("disk full")
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(state._replace(iteration=9, optimizer=Broken()), path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary directory left behind
-    assert json.loads((path / "state.json").read_text())["iteration"] == 5  # the previous checkpoint is intact
-
-    fresh, _ = lora_policy(seed=1)
-    loaded = load_checkpoint(path, fresh.model, fresh.optimizer, fresh.scheduler)
-    assert (loaded.iteration, loaded.global_step) == (5, 1)
-    for n, w in lora_weights(fresh.model).items(): assert torch.equal(w, saved[n]), n
-    assert torch.equal(fresh.optimizer.state_dict()["state"][0]["exp_avg"], state.optimizer.state_dict()["state"][0]["exp_avg"])
+    batch = create_batch_rollouts(state.model, tok, TASK.sample(2, seed=0), GenerationConfig(max_new_tokens=6, num_return_sequences=2),
+                                  reward_fn=TASK.reward_fn)
+    before = {n: p.detach().clone() for n, p in state.model.named_parameters() if p.requires_grad}
+    nan_loss = lambda cb, logprobs, cfg: (logprobs.sum() * float("nan"), {})
+    with pytest.raises(FloatingPointError, match="loss is nan"):
+        training_step(state, batch, create_algorithm_config("grpo"), tokenizer=tok, loss_fn=nan_loss)
+    assert all(torch.equal(p, before[n]) for n, p in state.model.named_parameters() if p.requires_grad)
 
 
-def test_full_model_checkpoint_round_trip(tmp_path):
-    "Without LoRA the whole model (with its tied embeddings) goes into model.safetensors."
-    model, _ = load_tiny_model("addition", progress=False)
-    with torch.no_grad():
-        for p in model.parameters(): p.add_(0.01)
-    opt, _ = create_optimizer(model, learning_rate=1e-4)
-    path = save_checkpoint(TrainingState(2, 7, model, opt), tmp_path / "full")
-    assert (path / "model.safetensors").exists() and not (path / "adapter_model.safetensors").exists()
-    other, _ = load_tiny_model("addition", progress=False)
-    load_checkpoint(path, other)
-    for (n, a), b in zip(model.state_dict().items(), other.state_dict().values()): assert torch.equal(a, b), n
+def test_resume_continues_the_step_count_and_the_log_without_duplicates(tmp_path, capsys):
+    cfg = create_training_config(**SMALL, output_dir=str(tmp_path), checkpoint_every=1)
+    state = train(cfg, progress=False)
+    assert (state.iteration, state.global_step) == (3, 3)
+    with pytest.raises(ValueError, match="already holds a run; pass resume=True"):
+        train(cfg._replace(num_iterations=5), progress=False)
+    # a run that died after iteration 3's checkpoint but logged iteration 4: the resumed run must not log it twice
+    with open(tmp_path / "metrics.jsonl", "a") as f: f.write(json.dumps({"iteration": 4, "step": 4, "reward/mean": 0.0}) + "\n")
+    state = train(cfg._replace(num_iterations=5, resume=True), progress=False)
+    assert "resumed from" in capsys.readouterr().out
+    assert (state.iteration, state.global_step, len(state.stats_history)) == (5, 5, 5)
+    df = load_metrics(tmp_path / "metrics.jsonl")
+    assert df["iteration"].tolist() == [1, 2, 3, 4, 5]
 
 
-def test_resume_continues_the_step_count_and_the_log(tmp_path):
-    gen = GenerationConfig(max_new_tokens=6, temperature=1.0, num_return_sequences=4)
-    grpo = create_algorithm_config("grpo")
-    loader = lambda it: TASK.sample(2, seed=100 + it)
-    ckpt, log = tmp_path / "checkpoint", tmp_path / "metrics.jsonl"
-    state, tok = lora_policy()
-    state = train(state, loader, 2, gen, grpo, TASK.reward_fn, tok, checkpoint_fn=lambda s: save_checkpoint(s, ckpt),
-                  checkpoint_every=1, logger=create_jsonl_logger(log), progress=False)
-    assert (state.iteration, state.global_step) == (2, 2)
-    restarted, tok = lora_policy(seed=3)  # a new process would rebuild the policy from scratch
-    state = train(restarted, loader, 3, gen, grpo, TASK.reward_fn, tok, resume_from=ckpt,
-                  checkpoint_fn=lambda s: save_checkpoint(s, ckpt), logger=create_jsonl_logger(log), progress=False)
-    assert (state.iteration, state.global_step, len(state.stats_history)) == (3, 3, 3)
-    df = load_metrics(log)
-    assert df["step"].tolist() == [1, 2, 3] and df["iteration"].tolist() == [1, 2, 3]
-    assert json.loads((ckpt / "state.json").read_text())["global_step"] == 3
+def test_resume_is_exact(tmp_path):
+    "A run stopped after 2 iterations and resumed to 4 ends with the same weights as a run of 4."
+    full = train(create_training_config(**{**SMALL, "num_iterations": 4}, output_dir=str(tmp_path / "a")), progress=False)
+    train(create_training_config(**{**SMALL, "num_iterations": 2}, output_dir=str(tmp_path / "b")), progress=False)
+    resumed = train(create_training_config(**{**SMALL, "num_iterations": 4}, output_dir=str(tmp_path / "b"), resume=True), progress=False)
+    for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
+        if "lora_" in n: assert torch.equal(a, b), n
 
 
-def test_jsonl_logger_appends(tmp_path):
-    from rlnb.core import TrainingStats
-    log = create_jsonl_logger(tmp_path / "m.jsonl")
-    state = TrainingState(0, 0, None, None)
-    for i in range(3):
-        log(state._replace(iteration=i, global_step=i), TrainingStats(0.1, 0.2, 1e-3, 0.0, 0.5, 0.1, {"reward/mean": i / 10}))
-        assert len((tmp_path / "m.jsonl").read_text().splitlines()) == i + 1  # on disk at once
-    again = create_jsonl_logger(tmp_path / "m.jsonl")  # a second logger on the same file appends
-    again(state._replace(iteration=3, global_step=3), TrainingStats(0.1, 0.2, 1e-3, 0.0, 0.5, 0.1, {"reward/mean": 0.3}))
-    assert load_metrics(tmp_path / "m.jsonl")["reward/mean"].tolist() == [0.0, 0.1, 0.2, 0.3]
+@pytest.mark.parametrize("changes, hooks, message", [
+    (dict(group_size=1), {}, "`group_size`=1 with 'grpo'"),
+    (dict(prompts_per_step=3), dict(prompt_loader=lambda it: ["1+1="]), "`config.prompts_per_step`=3 would be ignored"),
+    (dict(beta=0.1), dict(algorithm_config={"name": "grpo"}), "`config.beta`=0.1 would be ignored"),
+    (dict(resume=True), {}, "nothing to resume from"),
+    (dict(), dict(rollout_fn=lambda *a: None, reward_fn=lambda r: 1.0), "pass `rollout_fn`, or the hooks it binds"),
+])
+def test_errors_name_the_users_parameter(changes, hooks, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train(create_training_config(**{**SMALL, **changes}), progress=False, **hooks)
+
+
+def test_group_size_zero_names_group_size():
+    with pytest.raises(ValueError, match="`group_size` must be >= 1"):
+        quick_start_training(group_size=0)
+
+
+def test_vector_reward_trains_with_a_transform():
+    from rlnb.rewards import create_reward_transform
+    vec = lambda r: [TASK.reward_fn(r), -len(r.token_ids) / 8]
+    with pytest.raises(ValueError, match="reward_transform=create_reward_transform"):
+        train(create_training_config(**SMALL), reward_fn=vec, progress=False)
+    state = train(create_training_config(**SMALL), reward_fn=vec, reward_transform=create_reward_transform(weights=[1, 0.5]), progress=False)
+    assert "reward/component_1" in state.stats_history[-1].custom_metrics

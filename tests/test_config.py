@@ -1,0 +1,79 @@
+"One config: every field of TrainingConfig changes what a run does, or is rejected; none is accepted and ignored."
+import math
+
+import pytest
+import torch
+
+import rlnb.training as training
+from rlnb.core import TrainingConfig, create_training_config
+from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS
+from rlnb.tiny import load_tiny_model
+from rlnb.training import train
+
+torch.set_num_threads(1)
+BASE = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=2, eval_size=16)
+CHANGES = {  # field -> a value different from BASE's (or the default)
+    "model": "tiny-perturbed", "task": "reverse", "algorithm": "dr_grpo", "algorithm_options": {"scale": "none"}, "beta": 0.5,
+    "num_iterations": 3, "prompts_per_step": 3, "group_size": 3, "temperature": 0.5, "max_new_tokens": 2,
+    "learning_rate": 1e-3, "lr_schedule": "cosine", "warmup_steps": 2, "weight_decay": 0.5, "max_grad_norm": 1e-4,
+    "lora_r": 4, "updates_per_batch": 2, "micro_batch_size": 3, "seed": 1, "eval_every": 1, "eval_size": 1,
+    "output_dir": "OUT", "checkpoint_every": 1, "resume": True, "max_seconds": 1e-6, "num_threads": 2,
+}
+
+
+def perturbed_tiny(config):
+    model = load_tiny_model(progress=False)[0]
+    with torch.no_grad():
+        for p in model.parameters(): p.add_(0.01)
+    return model
+
+
+def outcome(config, monkeypatch):
+    "Everything observable about a run: its metric rows (timings aside), weights, forward passes, saves, threads, files."
+    rows, forwards, saves, threads = [], [0], [0], set()
+    real_save = training.save_checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: (saves.__setitem__(0, saves[0] + 1), real_save(*a, **k))[1])
+    def log(state, stats):
+        threads.add(torch.get_num_threads())
+        rows.append({k: round(v, 6) if isinstance(v, float) and math.isfinite(v) else v
+                     for k, v in stats.custom_metrics.items() if not k.startswith("time/")})
+        if not hasattr(state.model, "_counted"):
+            state.model._counted = True
+            state.model.register_forward_pre_hook(lambda *a: forwards.__setitem__(0, forwards[0] + 1))
+    state = train(config, logger=log, progress=False)
+    weights = [p.detach().clone() for p in state.model.parameters() if p.requires_grad]
+    files = sorted(p.name for p in __import__("pathlib").Path(config.output_dir).iterdir()) if config.output_dir else []
+    return dict(rows=rows, weights=weights, forwards=forwards[0], saves=saves[0], threads=threads, files=files)
+
+
+def same(a, b):
+    return (a["rows"] == b["rows"] and a["forwards"] == b["forwards"] and a["saves"] == b["saves"] and a["threads"] == b["threads"]
+            and a["files"] == b["files"] and len(a["weights"]) == len(b["weights"])
+            and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a["weights"], b["weights"])))
+
+
+def test_every_field_is_covered():
+    assert set(CHANGES) == set(TrainingConfig._fields)
+
+
+def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
+    MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"] = perturbed_tiny, lambda c: load_tiny_model(progress=False)[1]
+    try:
+        base_config = create_training_config(**BASE)
+        base = outcome(base_config, monkeypatch)
+        assert same(base, outcome(base_config, monkeypatch)), "the base run is not deterministic: the comparison would mean nothing"
+        ignored = []
+        for field, value in CHANGES.items():
+            if field == "output_dir": value = str(tmp_path / "out")
+            extra = {"output_dir": str(tmp_path / field)} if field == "checkpoint_every" else {}
+            config = create_training_config(**{**BASE, **extra, field: value})
+            try: changed = outcome(config, monkeypatch)
+            except ValueError as e:
+                assert field in str(e) or "output_dir" in str(e), f"{field}: rejected, but the error does not name it: {e}"
+                continue
+            if field == "checkpoint_every": base_f = outcome(create_training_config(**BASE, output_dir=str(tmp_path / "cb")), monkeypatch)
+            else: base_f = base
+            if same(changed, base_f): ignored.append(field)
+        assert not ignored, f"accepted and ignored: {ignored}"
+    finally:
+        del MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"]
