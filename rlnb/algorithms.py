@@ -283,7 +283,7 @@ def create_algorithm_config(
     if changes.get("name", name) != name: raise ValueError(f"create_algorithm_config: `name`={name!r} but overrides say {changes['name']!r}")
     return {**dict(spec.default_config), **changes, "name": name}
 
-
+# %% ../nbs/10_algorithms.ipynb #2ea267bc
 def create_grpo_config(**kwargs) -> dict:
     "A GRPO config: `create_algorithm_config('grpo', **kwargs)`."
     return create_algorithm_config("grpo", **kwargs)

@@ -59,7 +59,7 @@ class Message(NamedTuple):
     tool_call_id: str | None = None  # for role "tool": which call this answers
     metadata: dict | None = None  # anything else worth keeping
 
-
+# %% ../nbs/00_core.ipynb #18c68bd5
 class Conversation(NamedTuple):
     "An immutable sequence of messages."
     messages: tuple = ()  # Message records, oldest first
@@ -79,7 +79,7 @@ class Generation(NamedTuple):
     finish_reason: str = "length"  # "stop" (EOS or stop string) or "length" (ran out of budget)
     metadata: dict | None = None  # backend-specific extras
 
-
+# %% ../nbs/00_core.ipynb #3c2c35ed
 class Rollout(NamedTuple):
     "One training sample: a prompt, what the policy did with it, and how good that was."
     prompt: str  # prompt text as shown to the model (after the chat template)
@@ -345,7 +345,7 @@ def to_jsonable(x: Any) -> Any:
     if hasattr(x, "item") and callable(x.item): return x.item()  # numpy scalars
     raise TypeError(f"to_jsonable: cannot serialise a {type(x).__name__}")
 
-
+# %% ../nbs/00_core.ipynb #324af30c
 def from_jsonable(x: Any) -> Any:
     "Inverse of `to_jsonable`."
     if isinstance(x, list): return [from_jsonable(v) for v in x]
@@ -369,7 +369,7 @@ def rollouts_to_jsonl(rollouts: Sequence[Rollout], path: str | Path, append: boo
         f.flush(); os.fsync(f.fileno())
     return path
 
-
+# %% ../nbs/00_core.ipynb #00bafbb2
 def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
     "Read rollouts written by `rollouts_to_jsonl`."
     out = []
@@ -415,7 +415,7 @@ class GroupStats(NamedTuple):
     min: Tensor  # (G,)
     max: Tensor  # (G,)
 
-
+# %% ../nbs/00_core.ipynb #1f869971
 def group_stats(
     values: Tensor,  # (B,) float values, e.g. one reward per rollout
     group_ids: Tensor | None = None,  # (B,) integer labels in any order; None = one group

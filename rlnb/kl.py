@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from .core import is_peft_model
 from .logprobs import compute_logprobs_for_tokens
 
 # %% auto #0
@@ -221,12 +222,6 @@ class AdapterDisabledRef(NamedTuple):
     "A reference that is `model` itself with its adapters switched off: no second copy of the weights."
     model: Any  # a peft model; reference forward passes run under `model.disable_adapter()`
 
-
-def _is_peft_model(model) -> bool:
-    try: from peft import PeftModel
-    except ImportError: return False
-    return isinstance(model, PeftModel)
-
 # %% ../nbs/08_kl.ipynb #bf553c12
 def create_frozen_copy(
     model: torch.nn.Module,  # the policy
@@ -245,7 +240,7 @@ def create_reference_model(
     "The reference for KL: `AdapterDisabledRef(model)` for a peft (LoRA) model, otherwise a frozen deep copy."
     if model is None: raise ValueError("create_reference_model: `model` is None; pass the policy model")
     if ref_model_fn is not None: return ref_model_fn(model)
-    if _is_peft_model(model): return AdapterDisabledRef(model)
+    if is_peft_model(model): return AdapterDisabledRef(model)
     return create_frozen_copy(model)
 
 # %% ../nbs/08_kl.ipynb #28ed11c8

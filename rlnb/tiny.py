@@ -48,7 +48,7 @@ def _byte_vocab() -> list[str]:
     symbols, first = byte_symbols(), [10, 9, *range(32, 127)]
     return [symbols[b] for b in first] + [symbols[b] for b in range(256) if b not in first]
 
-
+# %% ../nbs/16_tiny.ipynb #b8c31766
 def build_tokenizer(
     model_max_length: int = 256,  # longest sequence the tokenizer will report as valid (the model's context)
     padding_side: str = "left",  # "left" for batched generation

@@ -271,7 +271,7 @@ def evaluate_accuracy(
     batch = create_batch_rollouts(model, tokenizer, examples, greedy, system_prompt=system_prompt, batch_size=batch_size)
     return sum(bool(check(r.generation.text, r.answer)) for r in batch.rollouts) / len(batch)
 
-
+# %% ../nbs/13_training.ipynb #bc680ea0
 def create_eval_fn(
     task,  # a Task (sample, check, system_prompt)
     tokenizer,  # the policy's tokenizer

@@ -34,7 +34,7 @@ if __name__ == "__main__":
     ap.add_argument("--skip-flagged", action="store_true", help="do not run #| slow / gpu / notest cells")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1"); os.environ.setdefault("RLNB_NUM_THREADS", "1")
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # plots saved inline, whatever the caller set
     for p in a.notebooks:
         print(f"{p}: {run(p.resolve(), a.timeout, a.skip_flagged):.0f} s", flush=True)
     for p in a.notebooks: subprocess.run([str(Path(sys.executable).parent / "nbdev-clean"), "--fname", str(p)], check=False)
