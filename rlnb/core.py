@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, json, math, os, random, tempfile
+import difflib, inspect, json, math, os, random, re, tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -148,6 +148,18 @@ class TrainingConfig(NamedTuple):
     resume: bool = False  # continue the run saved in output_dir (False: an existing run there is an error)
     max_seconds: float | None = None  # wall-time budget of the loop (a checkpoint is still written)
     num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
+
+# %% ../nbs/00_core.ipynb #b1e540ee
+def _document_fields(*records) -> None:
+    "Give each NamedTuple field its trailing comment as `__doc__`, so `help()` shows what `show_doc` shows."
+    for cls in records:
+        try: source = inspect.getsource(cls)
+        except (OSError, TypeError): continue  # defined where no source file exists (a notebook kernel): nothing to copy
+        for line in source.splitlines():
+            m = re.match(r"\s+(\w+):[^#]*#\s*(.+)$", line)
+            if m and m.group(1) in cls._fields: getattr(cls, m.group(1)).__doc__ = m.group(2).strip()
+
+_document_fields(ModelConfig, GenerationConfig, TrainingConfig)
 
 # %% ../nbs/00_core.ipynb #0a12b30b
 class TrainingStats(NamedTuple):
