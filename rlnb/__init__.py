@@ -1,9 +1,13 @@
 """Reinforcement learning for LLM post-training, taught and built in notebooks
 
-Modules:
-
-- `rlnb.kl`: How far has the policy moved from where it started? Estimating KL from sampled tokens, and keeping a reference model to measure it against.
-- `rlnb.rewards`: Turning what a policy wrote into numbers a loss can use: scalar and vector rewards, aggregation, normalisation and shaping."""
+Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
+shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers,
+`MODEL_LOADERS`, LoRA), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
+prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards and the
+reward transform), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
+prompt loaders), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.loggers` (loggers, metrics, plots),
+`rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
+same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model)."""
 
 __version__ = "0.0.1"
 

@@ -1,5 +1,4 @@
-"""How far has the policy moved from where it started? Estimating KL from sampled tokens, and keeping a reference
-model to measure it against.
+"""How far has the policy moved? KL estimated from sampled tokens, and the reference model it is measured against.
 
 Docs: https://rlnb.github.io/rlnb/kl.html.md"""
 

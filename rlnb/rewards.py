@@ -1,5 +1,4 @@
-"""Turning what a policy wrote into numbers a loss can use: scalar and vector rewards, aggregation, normalisation
-and shaping.
+"""Turning what a policy wrote into numbers a loss can use: scalar and vector rewards, aggregation, normalisation, shaping.
 
 Docs: https://rlnb.github.io/rlnb/rewards.html.md"""
 
