@@ -26,7 +26,9 @@ _SCALES = ("group", "batch", "none")
 
 def _rewards_1d(fn: str, rewards) -> Tensor:
     "Rewards as a float (B,) tensor without grad, or a clear error."
-    r = torch.as_tensor(rewards, dtype=torch.float32) if not isinstance(rewards, Tensor) else rewards.detach().float()
+    try: r = torch.as_tensor(rewards, dtype=torch.float32) if not isinstance(rewards, Tensor) else rewards.detach().float()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{fn}: `rewards` must be a (B,) tensor or list of numbers, got {type(rewards).__name__} ({e})") from None
     if r.ndim != 1:
         raise ValueError(f"{fn}: `rewards` has shape {tuple(r.shape)}, expected (B,); aggregate vector rewards to one number per rollout first")
     if r.numel() == 0: raise ValueError(f"{fn}: `rewards` is empty")
@@ -68,12 +70,13 @@ def compute_grpo_advantages(
     ids = _resolve_group_ids(fn, len(r), group_ids, group_size, device=r.device)
     if advantage_fn is not None: return advantage_fn(r, ids)
     if scale not in _SCALES: raise ValueError(f"{fn}: `scale`={scale!r}, expected one of {_SCALES}")
+    if not 0 <= eps < math.inf: raise ValueError(f"{fn}: `eps` must be a finite number >= 0, got {eps!r}")
     stats = group_stats(r, ids, unbiased=True)  # per group: mean (exact when all equal), sample std (n - 1)
     centered = r - stats.mean[stats.index]  # (B,); exactly 0 in a group whose rewards are all equal
     if scale == "none": return centered
     if scale == "batch": std = r.std() if len(r) > 1 else r.new_zeros(())
     else: std = stats.std[stats.index]  # (B,)
-    return centered / (std + eps)
+    return torch.where(centered == 0, centered, centered / (std + eps))  # 0 stays 0 even with eps=0
 
 # %% ../nbs/10_algorithms.ipynb #66eb4567
 def compute_advantages(
@@ -138,11 +141,25 @@ def _check_2d(fn: str, name: str, x, shape=None, like="logprobs") -> Tensor:
     return x
 
 
+def _check_finite(fn: str, name: str, x: Tensor, keep: Tensor | None = None) -> None:
+    "`x` must be finite where `keep` is true (everywhere when None); masked positions may hold anything."
+    bad = ~torch.isfinite(x.detach()) if keep is None else keep & ~torch.isfinite(x.detach())
+    if bad.any(): raise ValueError(f"{fn}: `{name}` must be finite on the tokens that count; NaN or inf at {bad.nonzero()[0].tolist()}")
+
+
+def _check_number(fn: str, name: str, x, low: float = 0.0) -> None:
+    "`x` must be a finite number >= low (NaN and inf are refused)."
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not low <= x < math.inf:
+        raise ValueError(f"{fn}: `{name}` must be a finite number >= {low:g}, got {x!r}")
+
+
 def _advantages_2d(fn: str, advantages, B: int, C: int, device) -> Tensor:
     "Advantages (B,), (B, 1) or (B, C) as a float (B, 1) or (B, C) tensor without grad."
     a = torch.as_tensor(advantages, dtype=torch.float32, device=device) if not isinstance(advantages, Tensor) else advantages.detach().to(device, torch.float32)
-    if a.shape == (B,): return a[:, None]
-    if a.shape in ((B, 1), (B, C)): return a
+    if a.shape == (B,): a = a[:, None]
+    if a.shape in ((B, 1), (B, C)):
+        _check_finite(fn, "advantages", a)
+        return a
     raise ValueError(f"{fn}: `advantages` has shape {tuple(a.shape)}, expected ({B},) per sequence or ({B}, {C}) per token")
 
 
@@ -179,15 +196,16 @@ def grpo_loss(
     B, C = logprobs.shape
     _check_2d(fn, "old_logprobs", old_logprobs, (B, C)); _check_2d(fn, "loss_mask", loss_mask, (B, C))
     if ref_logprobs is not None: _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
-    if beta < 0: raise ValueError(f"{fn}: `beta`={beta} must be >= 0")
+    _check_number(fn, "beta", beta); _check_number(fn, "clip_eps", clip_eps)
+    if clip_eps_high is not None: _check_number(fn, "clip_eps_high", clip_eps_high)
     if beta > 0 and ref_logprobs is None: raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
-    if clip_eps < 0 or (clip_eps_high is not None and clip_eps_high < 0):
-        raise ValueError(f"{fn}: `clip_eps`={clip_eps} and `clip_eps_high`={clip_eps_high} must be >= 0")
     if not callable(aggregation) and aggregation not in AGGREGATIONS:
         raise ValueError(f"{fn}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
 
     lp = logprobs.float()  # (B, C), keeps the graph
     keep = loss_mask.to(lp.device) > 0  # (B, C) bool
+    for name, x in (("logprobs", lp), ("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs)):
+        if x is not None: _check_finite(fn, name, x.to(lp.device), keep)  # padding may hold NaN or -inf
     adv = _advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1) or (B, C)
     log_ratio = torch.where(keep, lp - old_logprobs.detach().to(lp.device, torch.float32), torch.zeros_like(lp))
     ratio = torch.exp(log_ratio)  # (B, C), exactly 1 off the mask
@@ -240,6 +258,7 @@ def compute_policy_gradient_loss(
     B, C = logprobs.shape
     _check_2d(fn, "loss_mask", loss_mask, (B, C))
     keep = loss_mask.to(logprobs.device) > 0
+    _check_finite(fn, "logprobs", logprobs, keep)
     lp = torch.where(keep, logprobs.float(), torch.zeros_like(logprobs, dtype=torch.float32))  # (B, C), no -inf off the mask
     loss = aggregate_loss(-_advantages_2d(fn, advantages, B, C, lp.device) * lp, keep, aggregation, max_completion_length)
     with torch.no_grad(): metrics = {"loss/policy": loss.item(), **_masked_means(keep, **{"entropy/sampled_nll": -lp})}

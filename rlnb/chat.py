@@ -24,7 +24,7 @@ def _message_dict(message: Message) -> dict:
     return d
 
 
-def _as_conversation(conversation, fn: str) -> Conversation:
+def _as_conversation(conversation, fn: str, name: str = "conversation") -> Conversation:
     "Accept a Conversation, or a list of Messages / {'role', 'content'} dicts."
     if isinstance(conversation, Conversation): return conversation
     if isinstance(conversation, (list, tuple)):
@@ -32,9 +32,9 @@ def _as_conversation(conversation, fn: str) -> Conversation:
         for i, m in enumerate(conversation):
             if isinstance(m, Message): msgs.append(m)
             elif isinstance(m, dict) and "role" in m and "content" in m: msgs.append(Message(m["role"], m["content"]))
-            else: raise TypeError(f"{fn}: conversation[{i}] must be a Message or a dict with 'role' and 'content', got {m!r}")
+            else: raise TypeError(f"{fn}: {name}[{i}] must be a Message or a dict with 'role' and 'content', got {m!r}")
         return Conversation(tuple(msgs))
-    raise TypeError(f"{fn}: `conversation` must be a Conversation or a list of messages, got {type(conversation).__name__}")
+    raise TypeError(f"{fn}: `{name}` must be a Conversation or a list of messages, got {type(conversation).__name__}")
 
 
 def apply_chat_template(
@@ -71,7 +71,7 @@ def format_prompt(
     if isinstance(prompt_or_messages, str):
         if not use_chat_template: return f"{system_prompt}\n\n{prompt_or_messages}" if system_prompt else prompt_or_messages
         conv = Conversation((Message("user", prompt_or_messages),))
-    else: conv = _as_conversation(prompt_or_messages, "format_prompt")
+    else: conv = _as_conversation(prompt_or_messages, "format_prompt", "prompt_or_messages")
     if system_prompt and not any(m.role == "system" for m in conv.messages):
         conv = conv._replace(messages=(Message("system", system_prompt),) + tuple(conv.messages))
     return apply_chat_template(conv, tokenizer, template_fn=template_fn, enable_thinking=enable_thinking)
@@ -104,6 +104,8 @@ def parse_thinking(
     start, end, end_id = _think_markers(tokenizer, end_token)
     if isinstance(text_or_ids, str): text = text_or_ids
     else:
+        if isinstance(text_or_ids, bytes) or not hasattr(text_or_ids, "__iter__"):
+            raise TypeError(f"parse_thinking: `text_or_ids` must be a str or a sequence of token ids, got {type(text_or_ids).__name__}")
         if tokenizer is None: raise ValueError("parse_thinking: token ids need a `tokenizer` to decode them")
         ids = [int(t) for t in text_or_ids]
         if end_id is not None and end_id in ids:

@@ -152,15 +152,48 @@ def save_checkpoint(
     return path
 
 # %% ../nbs/12_checkpoints.ipynb #c5166dbe
+def _read(file: Path, reader: Callable):
+    "reader(file), with a damaged file reported as a ValueError naming it (a missing one stays FileNotFoundError)."
+    if not file.is_file(): raise FileNotFoundError(f"load_checkpoint: {file} is missing; the checkpoint is incomplete")
+    try: return reader(file)
+    except Exception as e: raise ValueError(f"load_checkpoint: {file} is truncated or corrupt ({type(e).__name__}: {e})") from None
+
+
+def _load_safetensors(file: Path, model) -> dict:
+    from safetensors.torch import load_file
+    return _read(file, lambda f: load_file(str(f), device=str(model_device(model))))
+
+
+def _check_shapes(file: Path, weights: Mapping, expected: Mapping) -> None:
+    "Every weight in `weights` that the model has must have the model's shape."
+    for k, w in weights.items():
+        if k in expected and tuple(w.shape) != tuple(expected[k].shape):
+            raise ValueError(f"load_checkpoint: {file} holds {k!r} with shape {tuple(w.shape)} but the model's has shape "
+                             f"{tuple(expected[k].shape)}; the checkpoint is for a differently sized model")
+
+
 def _load_full_weights(model, file: Path) -> None:
     "Load model.safetensors into `model`; every weight must match, tied weights count as loaded."
-    from safetensors.torch import load_file
-    weights = load_file(str(file), device=str(model_device(model)))
+    weights = _load_safetensors(file, model)
+    _check_shapes(file, weights, model.state_dict())
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected: raise ValueError(f"load_checkpoint: {file} has weights the model lacks: {unexpected[:5]}")
     loaded_ptrs = {p.data_ptr() for n, p in model.state_dict().items() if n in weights}
     untied = [n for n in missing if model.state_dict()[n].data_ptr() not in loaded_ptrs]  # tied weights share storage
     if untied: raise ValueError(f"load_checkpoint: {file} lacks weights the model has: {untied[:5]}")
+
+
+_META_KEYS = ("weights", "iteration", "global_step", "stats_history", "metadata")
+
+def _read_meta(file: Path) -> dict:
+    "state.json as a dict with every key load_checkpoint needs, or a ValueError naming the file."
+    try: meta = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise ValueError(f"load_checkpoint: {file} is not valid JSON ({e}); the checkpoint is corrupt") from None
+    if not isinstance(meta, dict): raise ValueError(f"load_checkpoint: {file} holds a {type(meta).__name__}, expected a JSON object")
+    missing = [k for k in _META_KEYS if k not in meta]
+    if missing: raise ValueError(f"load_checkpoint: {file} lacks {missing}; it was not written by save_checkpoint")
+    if meta["weights"] not in ("lora", "full"): raise ValueError(f"load_checkpoint: {file} has weights={meta['weights']!r}, expected 'lora' or 'full'")
+    return meta
 
 
 def load_checkpoint(
@@ -175,18 +208,23 @@ def load_checkpoint(
     if loader is not None: return loader(str(path), model, optimizer, scheduler)
     folder = _checkpoint_folder(Path(path))
     if folder is None: raise FileNotFoundError(f"load_checkpoint: {path} is not a checkpoint (no state.json)")
-    meta = json.loads((folder / "state.json").read_text())
+    meta = _read_meta(folder / "state.json")
     if meta["weights"] == "lora":
         if not is_peft_model(model): raise ValueError(f"load_checkpoint: {path} holds LoRA adapter weights but `model` is not a peft model; apply the same LoRA first")
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-        res = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors"), device=str(model_device(model))))
-        if getattr(res, "unexpected_keys", None): raise ValueError(f"load_checkpoint: adapter weights do not match the model: {res.unexpected_keys[:5]}")
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+        file = folder / "adapter_model.safetensors"
+        weights = _load_safetensors(file, model)
+        _check_shapes(file, weights, get_peft_model_state_dict(model))
+        res = set_peft_model_state_dict(model, weights)
+        if getattr(res, "unexpected_keys", None): raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
     else: _load_full_weights(model, folder / "model.safetensors")
-    if optimizer is not None and (folder / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location=model_device(model)))
-    if scheduler is not None and (folder / "scheduler.pt").exists():
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    if restore_rng and (folder / "rng.pt").exists(): _set_rng_state(torch.load(folder / "rng.pt", weights_only=True))
+    device = model_device(model)
+    parts = [("optimizer.pt", optimizer, lambda s: optimizer.load_state_dict(s)),
+             ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)), ("rng.pt", restore_rng or None, _set_rng_state)]
+    for name, target, restore in parts:  # each file is read, then restored; a damaged or mismatched one is named
+        if target is None or not (folder / name).exists(): continue
+        state = _read(folder / name, lambda f: torch.load(f, weights_only=True, map_location=device if name == "optimizer.pt" else None))
+        try: restore(state)
+        except Exception as e: raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
     return TrainingState(iteration=meta["iteration"], global_step=meta["global_step"], model=model, optimizer=optimizer,
                          scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])), metadata=meta["metadata"])

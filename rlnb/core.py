@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, tempfile
+import difflib, inspect, json, math, os, random, re, reprlib, tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -207,7 +207,7 @@ def _field_value(name: str, value, annotation: str):
         ok = "float" in kinds or ("int" in kinds and value.is_integer())  # 1e3 from a command line is an int
         if ok and "float" not in kinds: value = int(value)
     else: ok = any(isinstance(value, {"str": str, "dict": dict}.get(k, ())) for k in kinds)
-    if not ok: raise ValueError(f"TrainingConfig: `{name}` must be {annotation}, got {value!r} ({type(value).__name__})")
+    if not ok: raise ValueError(f"TrainingConfig: `{name}` must be {annotation}, got {reprlib.repr(value)} ({type(value).__name__})")
     if isinstance(value, float) and not math.isfinite(value): raise ValueError(f"TrainingConfig: `{name}` must be finite, got {value!r}")
     return float(value) if "float" in kinds and "int" not in kinds and not isinstance(value, bool) else value
 
@@ -274,8 +274,11 @@ def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
     vals = [r.rewards.tolist() if isinstance(r.rewards, Tensor) else r.rewards for r in rollouts]
     vec = [isinstance(v, (list, tuple)) for v in vals]
     if any(vec) and not all(vec): raise ValueError("collate: mixes scalar and vector `rewards` across rollouts")
-    try: return torch.tensor(vals, dtype=torch.float32)
+    try: out = torch.tensor(vals, dtype=torch.float32)
     except (ValueError, TypeError) as e: raise ValueError(f"collate: `rewards` must be numbers or equal-length vectors ({e})") from None
+    bad = ~torch.isfinite(out.reshape(len(vals), -1)).all(1)  # (B,)
+    if bad.any(): raise ValueError(f"collate: rollouts[{int(bad.nonzero()[0])}].rewards must be finite, got {vals[int(bad.nonzero()[0])]!r}")
+    return out
 
 
 def collate(
@@ -363,9 +366,11 @@ def from_jsonable(x: Any) -> Any:
     if isinstance(x, list): return [from_jsonable(v) for v in x]
     if not isinstance(x, dict): return x
     if "__tensor__" in x:
+        if not isinstance(getattr(torch, str(x.get("dtype")), None), torch.dtype): raise ValueError(f"from_jsonable: unknown dtype {x.get('dtype')!r}")
         return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"])).reshape(x["shape"])
     if "__tuple__" in x: return tuple(from_jsonable(v) for v in x["__tuple__"])
     if "__record__" in x:
+        if x["__record__"] not in _RECORDS: raise ValueError(f"from_jsonable: unknown record {x['__record__']!r}; known: {sorted(_RECORDS)}")
         cls = _RECORDS[x["__record__"]]
         return cls(**{k: from_jsonable(v) for k, v in x.items() if k != "__record__"})
     return {k: from_jsonable(v) for k, v in x.items()}
@@ -385,12 +390,14 @@ def rollouts_to_jsonl(rollouts: Sequence[Rollout], path: str | Path, append: boo
 def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
     "Read rollouts written by `rollouts_to_jsonl`."
     out = []
-    with open(path) as f:
+    with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
-            try: r = from_jsonable(json.loads(line))
+            try: r = from_jsonable(json.loads(line.decode("utf-8")))
+            except UnicodeDecodeError as e: raise ValueError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(r, Rollout): raise ValueError(f"{path}:{n}: expected a Rollout record")
+            except (KeyError, TypeError, ValueError, RuntimeError) as e: raise ValueError(f"{path}:{n}: not an rlnb record ({e})") from None
+            if not isinstance(r, Rollout): raise ValueError(f"{path}:{n}: expected a Rollout record, got {type(r).__name__}")
             out.append(r)
     return out
 

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/generation.html.md"""
 
 # %% ../nbs/04_generation.ipynb #b6cfafe0
 from __future__ import annotations
-import contextlib, inspect
+import contextlib, inspect, math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,6 +24,9 @@ def left_pad(
     device: Any = None,  # where to put the result
 ) -> tuple[Tensor, Tensor]:
     "Stack token-id lists into left-padded `input_ids` (N, L) and `attention_mask` (N, L), 1 on real tokens."
+    if pad_token_id is None: raise ValueError("left_pad: `pad_token_id` is None; pass the tokenizer's pad (or EOS) id")
+    empty = [i for i, s in enumerate(sequences) if len(s) == 0]
+    if empty: raise ValueError(f"left_pad: sequences[{empty[0]}] is empty; every sequence needs at least one token")
     rows = [torch.as_tensor(list(s), dtype=torch.long).flip(0) for s in sequences]
     ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id).flip(1)  # (N, L)
     lengths = torch.tensor([len(s) for s in sequences])  # (N,)
@@ -53,8 +56,11 @@ def _check_generation_config(config, fn: str) -> GenerationConfig:
         v = getattr(config, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{fn}: `config.{name}` must be an int >= 1, got {v!r}")
     positive_int("max_new_tokens"); positive_int("num_return_sequences")
-    if not isinstance(config.temperature, (int, float)) or config.temperature < 0:
-        raise ValueError(f"{fn}: `config.temperature` must be a number >= 0, got {config.temperature!r}")
+    t = config.temperature
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < math.inf:  # NaN fails too
+        raise ValueError(f"{fn}: `config.temperature` must be a finite number >= 0, got {t!r}")
+    if not isinstance(config.top_k, int) or isinstance(config.top_k, bool) or config.top_k < -1:
+        raise ValueError(f"{fn}: `config.top_k` must be an int >= 1, or 0 / -1 for off, got {config.top_k!r}")
     if not 0 < config.top_p <= 1: raise ValueError(f"{fn}: `config.top_p` must be in (0, 1], got {config.top_p!r}")
     if isinstance(config.stop_strings, str) or not all(isinstance(s, str) and s for s in config.stop_strings):
         raise ValueError(f"{fn}: `config.stop_strings` must be a tuple of non-empty strings, got {config.stop_strings!r}")

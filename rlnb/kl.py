@@ -195,7 +195,8 @@ def create_kl_schedule(
     "A function iteration -> KL coefficient beta."
     if schedule not in ("constant", "linear", "cosine"): raise ValueError(f"create_kl_schedule: unknown `schedule` {schedule!r}; expected 'constant', 'linear' or 'cosine'")
     if num_iterations < 1: raise ValueError(f"create_kl_schedule: `num_iterations` must be >= 1, got {num_iterations}")
-    if initial_kl < 0 or final_kl < 0: raise ValueError(f"create_kl_schedule: KL coefficients must be >= 0, got {initial_kl}, {final_kl}")
+    for name, v in (("initial_kl", initial_kl), ("final_kl", final_kl)):
+        if not 0 <= v < math.inf: raise ValueError(f"create_kl_schedule: `{name}` must be a finite number >= 0, got {v!r}")
     def kl_coef(iteration: int) -> float:
         if schedule == "constant": return float(initial_kl)
         t = min(max(iteration / num_iterations, 0.0), 1.0)  # progress in [0, 1]

@@ -111,6 +111,8 @@ def load_model(
     if config is None: config = ModelConfig()
     if isinstance(config, str): config = ModelConfig(model_name_or_path=config)
     if not isinstance(config, ModelConfig): raise TypeError(f"load_model: `config` must be a ModelConfig or a str, got {type(config).__name__}")
+    if config.use_lora and (not isinstance(config.lora_r, int) or isinstance(config.lora_r, bool) or config.lora_r < 1):
+        raise ValueError(f"load_model: `config.lora_r` must be a positive int with use_lora=True, got {config.lora_r!r}")
     device = _resolve_device(config.device)
     dtype = _resolve_dtype(config.dtype, device)
     loader = model_loader or MODEL_LOADERS.get(config.model_name_or_path)

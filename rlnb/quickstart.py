@@ -19,11 +19,19 @@ __all__ = ['quick_start_training']
 def quick_start_training(
     config: TrainingConfig | dict | None = None,  # a run config to start from (None = the defaults: the README's main job)
     model_name: str | None = None,  # a Hugging Face id or a local folder (sets config.model)
-    **kwargs,  # TrainingConfig fields (num_iterations=50, ...) and train's hooks (prompts=, reward_fn=, model=, logger=, ...)
+    **kwargs,  # TrainingConfig fields (num_iterations=50, ...) and train's arguments (prompts=, reward_fn=, logger=, a model object as model=, ...)
 ) -> tuple:  # (final TrainingState, metrics DataFrame)
     "Train with `train`; flat arguments are config fields or hooks. Returns the final state and every logged row as a DataFrame."
+    import inspect, difflib
     import pandas as pd
+    if "model" in kwargs and not isinstance(kwargs["model"], str): kwargs["policy"] = kwargs.pop("model")  # a model object, not a name
+    known = set(TrainingConfig._fields) | set(inspect.signature(train).parameters) | {"policy"}
+    for k in kwargs:
+        if k not in known:
+            close = difflib.get_close_matches(k, sorted(known), n=1)
+            raise TypeError(f"quick_start_training: unknown argument {k!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
     fields = {k: kwargs.pop(k) for k in list(kwargs) if k in TrainingConfig._fields}
+    if "policy" in kwargs: kwargs["model"] = kwargs.pop("policy")
     if model_name is not None: fields["model"] = model_name
     config = create_training_config(config, **fields)
     records = []

@@ -220,6 +220,8 @@ def create_prompt_loader(
     seed: int = 0,  # the run's seed
 ) -> Callable[[int], list]:
     "A `prompt_loader(iteration) -> prompts`: deterministic in (seed, iteration), so a resumed run sees the same prompts."
+    if not isinstance(prompts_per_step, int) or isinstance(prompts_per_step, bool) or prompts_per_step < 1:
+        raise ValueError(f"create_prompt_loader: `prompts_per_step` must be an int >= 1, got {prompts_per_step!r}")
     if hasattr(source, "sample"): return lambda iteration: source.sample(prompts_per_step, seed=seed * 1_000_003 + iteration)
     prompts = list(source)
     if not prompts: raise ValueError("create_prompt_loader: `source` is an empty list of prompts")

@@ -119,6 +119,14 @@ def sft(
     if isinstance(examples, (str, bytes)) or not hasattr(examples, "__len__") or len(examples) == 0:
         raise ValueError("sft: `examples` must be a non-empty list of (prompt, answer) pairs, records or Conversations")
     if eval_every and eval_fn is None: raise ValueError(f"sft: `eval_every`={eval_every} needs an `eval_fn`")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"sft: `batch_size` must be an int >= 1, got {batch_size!r}")
+    for i, e in enumerate(examples):  # checked up front: a bad example found mid-run would waste the steps before it
+        if isinstance(e, Conversation):
+            if not any(m.role == "assistant" for m in e.messages):
+                raise ValueError(f"sft: examples[{i}] is a Conversation without an assistant message; there is nothing to learn from")
+        elif not ((isinstance(e, (tuple, list)) and len(e) == 2) or (hasattr(e, "prompt") and hasattr(e, "answer"))):
+            raise TypeError(f"sft: examples[{i}] is a {type(e).__name__}; expected a (prompt, answer) pair, a record with .prompt/.answer or a Conversation")
     config = create_training_config(num_iterations=num_iterations, prompts_per_step=batch_size, group_size=1, learning_rate=learning_rate,
                                     lr_schedule=lr_schedule, warmup_steps=warmup_steps, weight_decay=weight_decay,
                                     max_grad_norm=max_grad_norm, micro_batch_size=micro_batch_size, lora_r=0, seed=seed,

@@ -89,7 +89,9 @@ def _eval_node(node, max_abs) -> Fraction:
         left, right = _eval_node(node.left, max_abs), _eval_node(node.right, max_abs)
         if isinstance(node.op, ast.Div) and right == 0: raise ValueError("safe_eval: division by zero")
         value = _BINARY_OPS[type(node.op)](left, right)
-    else: raise ValueError(f"safe_eval: {type(node).__name__} is not allowed; only integers, + - * / and parentheses")
+    else:
+        what = type(node.op).__name__ if isinstance(node, (ast.BinOp, ast.UnaryOp)) else type(node).__name__
+        raise ValueError(f"safe_eval: {what} is not allowed; only integers, + - * / and parentheses")
     if abs(value) > max_abs: raise ValueError(f"safe_eval: an intermediate value exceeds max_abs={max_abs}")
     return value
 
@@ -105,8 +107,9 @@ def safe_eval(
     if set(expr) - _EXPRESSION_CHARS:
         raise ValueError(f"safe_eval: `expr` contains {sorted(set(expr) - _EXPRESSION_CHARS)}; allowed: digits + - * / ( ) space")
     try: tree = ast.parse(expr.strip(), mode="eval")
-    except (SyntaxError, RecursionError, MemoryError): raise ValueError(f"safe_eval: {expr!r} is not an arithmetic expression") from None
-    return _eval_node(tree.body, max_abs)
+    except (SyntaxError, RecursionError, MemoryError): raise ValueError(f"safe_eval: {expr[:60]!r} is not an arithmetic expression") from None
+    try: return _eval_node(tree.body, max_abs)
+    except RecursionError: raise ValueError(f"safe_eval: `expr` is nested too deeply to evaluate ({len(expr)} characters)") from None
 
 # %% ../nbs/01_tasks.ipynb #16b90c95
 def expression_numbers(expr: str) -> list[int]:
@@ -188,7 +191,9 @@ def check_countdown(completion_text: str, answer: str) -> bool:
     completion_text = _text(completion_text, "check_countdown", "completion_text").strip()
     try: value, numbers = safe_eval(completion_text), sorted(expression_numbers(completion_text))
     except ValueError: return False
-    return value == safe_eval(answer) and numbers == sorted(expression_numbers(answer))
+    try: target, allowed = safe_eval(answer), sorted(expression_numbers(answer))
+    except (TypeError, ValueError) as e: raise ValueError(f"check_countdown: `answer` must be an arithmetic expression, got {answer!r:.60} ({e})") from None
+    return value == target and numbers == allowed
 
 # %% ../nbs/01_tasks.ipynb #42022979
 def _fold_expression(rng, numbers: list, ops: str) -> tuple[str, int]:
@@ -288,8 +293,10 @@ def load_jsonl_dataset(
     path = Path(path)
     if not path.is_file(): raise FileNotFoundError(f"load_jsonl_dataset: no file at {path}")
     examples = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try: line = raw.decode("utf-8")
+            except UnicodeDecodeError as e: raise ValueError(f"load_jsonl_dataset: {path}, line {line_no}: not UTF-8 text ({e.reason})") from None
             if not line.strip(): continue
             ex = _parse_record(line, f"load_jsonl_dataset: {path}, line {line_no}", prompt_key, answer_key, answer_extractor)
             examples.append(ex._replace(metadata={**ex.metadata, "source": str(path), "line": line_no}))

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 
 # %% ../nbs/16_tiny.ipynb #3c0bf599
 from __future__ import annotations
-import hashlib, json, os, shutil, tempfile, threading, time
+import hashlib, inspect, json, os, shutil, tempfile, threading, time
 from pathlib import Path
 
 import torch
@@ -247,11 +247,25 @@ def load_tiny_model(
         return _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress)
 
 
+_MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
+_SFT_KEYS = set(inspect.signature(sft_tiny_model).parameters) - {"model", "tokenizer", "task", "steps", "seed", "logger", "progress"}
+
+def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str = "load_tiny_model") -> None:
+    "Unknown keys in `model_config` (build_tiny_model / Qwen2Config) or `sft_config` (sft_tiny_model) are errors before any training."
+    from transformers import Qwen2Config
+    for name, given, known in (("model_config", model_config, _MODEL_KEYS), ("sft_config", sft_config, _SFT_KEYS)):
+        if given is None: continue
+        if not isinstance(given, dict): raise TypeError(f"{fn}: `{name}` must be a dict or None, got {type(given).__name__}")
+        unknown = [k for k in given if k not in known and not (name == "model_config" and hasattr(Qwen2Config(), k))]
+        if unknown: raise ValueError(f"{fn}: `{name}` has unknown keys {unknown}; known: {sorted(known)}")
+
+
 def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     task = _resolve_task(task)
     if steps is None: steps = _default_steps(task)
     if not isinstance(steps, int) or steps <= 0: raise ValueError(f"load_tiny_model: `steps` must be a positive int, got {steps!r}")
+    _check_overrides(model_config, sft_config)
     path = Path(path).expanduser() if path is not None else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config)
     if path.exists() and not _is_complete(path) and any(path.iterdir()):
         raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model (missing {SUMMARY_FILE}, metrics or weights)")

@@ -6,42 +6,82 @@ Docs: https://rlnb.github.io/rlnb/tools.html.md"""
 
 # %% ../nbs/06_tools.ipynb #ff123439
 from __future__ import annotations
-import json, re, threading
+import json, math, multiprocessing, os, re, signal, sys, threading
+from decimal import Decimal, localcontext
 from typing import Any, Callable, Sequence
 
 from .core import Conversation, Generation, GenerationConfig, Message
+from .tasks import safe_eval
 from .chat import _as_conversation, apply_chat_template
 from .generation import generate
 
 # %% auto #0
-__all__ = ['parse_json_tool_calls', 'extract_tool_calls', 'execute_tools', 'generate_conversation_turn']
+__all__ = ['parse_json_tool_calls', 'extract_tool_calls', 'calculator', 'execute_tools', 'generate_conversation_turn']
 
 # %% ../nbs/06_tools.ipynb #5b58fa9f
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 
 
-def _tool_error(raw: str, message: str) -> dict: return {"name": None, "arguments": {}, "raw": raw, "error": message}
+def _tool_error(raw: str, message: str, max_chars: int) -> dict:
+    return {"name": None, "arguments": {}, "raw": raw[:max_chars], "error": message}
+
+
+def _nesting_depth(text: str) -> int:
+    "How deep `[` and `{` nest in JSON text, strings skipped: one pass, no recursion."
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped: escaped = False
+            elif ch == "\\": escaped = True
+            elif ch == '"': in_string = False
+        elif ch == '"': in_string = True
+        elif ch in "[{": depth += 1; deepest = max(deepest, depth)
+        elif ch in "]}": depth -= 1
+    return deepest
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value): raise ValueError(f"number {text[:20]} overflows a float")
+    return value
+
+
+def _reject_constant(name: str): raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(text: str, max_depth: int):
+    "json.loads for model text: bounded nesting, finite numbers, valid unicode. Every failure is a ValueError."
+    if _nesting_depth(text) > max_depth: raise ValueError(f"nested deeper than max_depth={max_depth}")
+    try: obj = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e: raise ValueError(e.msg) from None
+    except (ValueError, RecursionError, MemoryError) as e: raise ValueError(f"{type(e).__name__}: {e}"[:200]) from None
+    try: json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError: raise ValueError("a string decodes to a lone surrogate (\\ud800-\\udfff), not valid unicode") from None
+    return obj
 
 
 def parse_json_tool_calls(
     text: str,  # completion text
     max_chars: int = 10_000,  # longer blocks are rejected without parsing
+    max_depth: int = 64,  # deeper [ / { nesting is rejected without parsing
 ) -> list[dict]:
     "Tool calls written as `<tool_call>{json}</tool_call>`: dicts with name, arguments, raw (and `error` if malformed)."
+    if not isinstance(text, str): raise TypeError(f"parse_json_tool_calls: `text` must be a str, got {type(text).__name__}")
     calls = []
     for match in _TOOL_CALL_RE.finditer(text):
         raw = match.group(1).strip()
-        if not match.group(2): calls.append(_tool_error(raw, "unclosed <tool_call> block")); continue
-        if len(raw) > max_chars: calls.append(_tool_error(raw[:100], f"tool call longer than {max_chars} characters")); continue
-        try: obj = json.loads(raw)
-        except json.JSONDecodeError as e: calls.append(_tool_error(raw, f"invalid JSON: {e.msg}")); continue
+        if not match.group(2): calls.append(_tool_error(raw, "unclosed <tool_call> block", max_chars)); continue
+        if len(raw) > max_chars: calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
+        try: obj = _loads(raw, max_depth)
+        except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON: {e}", max_chars)); continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(_tool_error(raw, 'expected {"name": "...", "arguments": {...}}')); continue
+            calls.append(_tool_error(raw, 'expected {"name": "...", "arguments": {...}}', max_chars)); continue
         args = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(args, str):
-            try: args = json.loads(args)
-            except json.JSONDecodeError: pass
-        if not isinstance(args, dict): calls.append(_tool_error(raw, "`arguments` must be a JSON object")); continue
+            try: args = _loads(args, max_depth)
+            except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON in `arguments`: {e}", max_chars)); continue
+        if not isinstance(args, dict): calls.append(_tool_error(raw, "`arguments` must be a JSON object", max_chars)); continue
         calls.append({"name": obj["name"], "arguments": args, "raw": raw, **({"id": str(obj["id"])} if "id" in obj else {})})
     return calls
 
@@ -56,28 +96,36 @@ def extract_tool_calls(
     if not isinstance(text, str): raise TypeError(f"extract_tool_calls: `generation` must be a Generation or a str, got {type(generation).__name__}")
     return list((tool_parser or parse_json_tool_calls)(text))
 
+# %% ../nbs/06_tools.ipynb #748f4610
+def calculator(
+    expression: str,  # integer arithmetic, e.g. "(3+5)*7"; + - * / and parentheses only
+) -> str:
+    "The value of `expression` as text, computed exactly by `safe_eval` (never `eval`): '(3+5)*7' -> '56', '7/2' -> '3.5'."
+    if not isinstance(expression, str): raise TypeError(f"calculator: `expression` must be a str such as '(3+5)*7', got {type(expression).__name__}")
+    try: value = safe_eval(expression, max_length=200)
+    except ValueError as e: raise ValueError(f"calculator: {str(e).removeprefix('safe_eval: ')}") from None
+    if value.denominator == 1: return str(value.numerator)
+    with localcontext() as ctx:
+        ctx.prec = 15
+        return str(Decimal(value.numerator) / Decimal(value.denominator))
+
 # %% ../nbs/06_tools.ipynb #60c1a926
-def _run_with_timeout(fn: Callable[[], Any], timeout_s: float | None):
-    "fn() in a daemon thread; its exception is re-raised here, TimeoutError after `timeout_s` seconds."
-    box = {}
-    def target():
-        try: box["value"] = fn()
-        except BaseException as e: box["error"] = e
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start(); thread.join(timeout_s)
-    if thread.is_alive(): raise TimeoutError(f"no result within {timeout_s} s")
-    if "error" in box: raise box["error"]
-    return box["value"]
+_MAX_ERROR_CHARS = 2_000
+_FORK = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
 
 
-def _call_tool(call: dict, tools: dict) -> Any:
-    "The default executor: look the tool up by name and call it with the arguments as keywords."
-    if call.get("error"): raise ValueError(f"malformed tool call: {call['error']}")
-    name = call.get("name")
-    if name not in tools: raise KeyError(f"unknown tool {name!r}; available: {sorted(tools)}")
-    args = call.get("arguments") or {}
-    if not isinstance(args, dict): raise TypeError("`arguments` must be a dict of keyword arguments")
-    return tools[name](**args)
+def _clean(text: str) -> str: return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate becomes the 6 characters \ud800
+
+
+def _describe(e: BaseException) -> str:
+    try: text = str(e)
+    except Exception: text = "<unprintable>"
+    return f"{type(e).__name__}: {text}"
+
+
+def _error_result(base: dict, message: str) -> dict:
+    message = _clean(message[:_MAX_ERROR_CHARS])
+    return {**base, "content": f"error: {message}", "error": message}
 
 
 def _as_content(value) -> str:
@@ -86,27 +134,86 @@ def _as_content(value) -> str:
     except (TypeError, ValueError): return str(value)
 
 
+def _call_tool(call: dict, tools: dict) -> Any:
+    "The default executor: look the tool up by name and call it with the arguments as keywords."
+    if call.get("error"): raise ValueError(f"malformed tool call: {call['error']}")
+    name = call.get("name")
+    if name not in tools: raise KeyError(f"unknown tool {str(name)[:100]!r}; available: {sorted(tools)}")
+    args = call.get("arguments") or {}
+    if not isinstance(args, dict): raise TypeError("`arguments` must be a dict of keyword arguments")
+    return tools[name](**args)
+
+
+def _run_call(run: Callable, call, base: dict) -> dict:
+    "One call, here and now: its result dict, with anything the tool raised (even SystemExit) as an error result."
+    try:
+        value = run(call)
+        if isinstance(value, dict) and "content" in value: return {"error": None, **base, **value, "content": _clean(_as_content(value["content"]))}
+        return {"error": None, **base, "content": _clean(_as_content(value))}
+    except KeyboardInterrupt: raise
+    except BaseException as e: return _error_result(base, _describe(e))
+
+
+def _flush_std_streams():
+    for stream in (sys.stdout, sys.stderr):
+        try: stream.flush()
+        except Exception: pass
+
+
+def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str:
+    "job() in a forked child, killed after `timeout_s` s: its result dict, or an error message."
+    receiver, sender = _FORK.Pipe(duplex=False)
+    def child():
+        os.setpgid(0, 0)  # its own process group, so that the kill also reaches what the tool started
+        result = job()
+        _flush_std_streams()  # what the tool printed, before the parent may kill this process
+        try: sender.send(result)
+        except Exception as e: sender.send(f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be pickled: {e}")
+    process = _FORK.Process(target=child, daemon=True)
+    process.start(); sender.close()
+    try:
+        if not receiver.poll(timeout_s): return f"TimeoutError: no result within {timeout_s} s"
+        try: return receiver.recv()
+        except EOFError:
+            process.join(1.0)
+            return f"ChildProcessError: tool {str(name)[:100]!r} exited with code {process.exitcode} before returning a result"
+        except Exception as e: return f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be unpickled: {e}"
+    finally:
+        receiver.close()
+        try: os.killpg(process.pid, signal.SIGKILL)  # the tool and anything it started; nothing outlives the call
+        except OSError: pass
+        process.kill()  # in case it had not made its own group yet; multiprocessing reaps it at the next start
+
+
+def _run_in_thread(job: Callable[[], dict], timeout_s: float) -> dict | str:
+    "Fallback without fork: job() in a daemon thread that is abandoned (not stopped) at the timeout."
+    box = []
+    thread = threading.Thread(target=lambda: box.append(job()), daemon=True)
+    thread.start(); thread.join(timeout_s)
+    return box[0] if box else f"TimeoutError: no result within {timeout_s} s"
+
+
 def execute_tools(
     tool_calls: Sequence[dict],  # parsed calls, e.g. from `extract_tool_calls`
     tool_executor: Callable[[dict], Any] | None = None,  # custom `call -> result` (a dict with "content", or any value)
     tools: dict[str, Callable] | None = None,  # name -> python function, for the default executor
-    timeout_s: float | None = 10.0,  # seconds per call before it is reported as timed out (None = wait forever)
+    timeout_s: float | None = 10.0,  # seconds per call, run in a child process killed at the timeout; None = in this process, no limit
 ) -> list[dict]:
     "Run tool calls; one result dict per call: name, content (str), error (None or a message), and the call's id."
     if tool_executor is None and tools is None: raise TypeError("execute_tools: pass `tools` (a dict name -> function) or a `tool_executor`")
     if tools is not None and not isinstance(tools, dict): raise TypeError(f"execute_tools: `tools` must be a dict name -> function, got {type(tools).__name__}")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf):
+        raise ValueError(f"execute_tools: `timeout_s` must be a positive number of seconds or None, got {timeout_s!r}")
     run = tool_executor if tool_executor is not None else (lambda call: _call_tool(call, tools))
     results = []
     for call in tool_calls:
         base = {"name": call.get("name") if isinstance(call, dict) else None, "tool_call_id": call.get("id") if isinstance(call, dict) else None}
-        try:
-            value = _run_with_timeout(lambda: run(call), timeout_s)
-            result = {**base, **value} if isinstance(value, dict) and "content" in value else {**base, "content": _as_content(value)}
-            results.append({"error": None, **result})
-        except BaseException as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)): raise
-            message = f"{type(e).__name__}: {e}"
-            results.append({**base, "content": f"error: {message}", "error": message})
+        job = lambda: _run_call(run, call, base)
+        if timeout_s is None: outcome = job()
+        elif _FORK is not None: outcome = _run_in_child(job, base["name"], timeout_s)
+        else: outcome = _run_in_thread(job, timeout_s)
+        results.append(outcome if isinstance(outcome, dict) else _error_result(base, outcome))
+    multiprocessing.active_children()  # reap the finished children without waiting
     return results
 
 # %% ../nbs/06_tools.ipynb #08816add

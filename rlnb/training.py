@@ -388,6 +388,13 @@ def train(
     "Run rollout-then-update iterations until config.num_iterations, with evaluation, logging, checkpoints and resume."
     fn = "train"
     config = create_training_config(config)
+    hooks = dict(prompt_loader=prompt_loader, rollout_fn=rollout_fn, reward_fn=reward_fn, generator=generator, template_fn=template_fn,
+                 tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform, kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn,
+                 optimizer_step_fn=optimizer_step_fn, eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
+    for name, hook in hooks.items():
+        if hook is not None and not callable(hook): raise TypeError(f"{fn}: `{name}` must be a function, got {type(hook).__name__}")
+    loggers = [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    if not all(callable(l) for l in loggers): raise TypeError(f"{fn}: `logger` must be a function (state, stats) -> None or a list of them")
     given = dict(initial_state=initial_state is not None, model=model is not None, prompt_loader=prompt_loader is not None, prompts=prompts is not None,
                  reward_fn=reward_fn is not None or rollout_fn is not None, eval_fn=eval_fn is not None, algorithm_config=algorithm_config is not None)
     _check_unused(config, given, fn)
@@ -425,7 +432,6 @@ def train(
                                        system_prompt if system_prompt is not None or task is None else task.system_prompt)
     if eval_fn is None and config.eval_every and not own_prompts:
         eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
-    loggers = [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger]
     if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
     if progress: loggers.append(create_progress_logger(config.num_iterations))
     if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)

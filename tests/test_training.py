@@ -127,3 +127,10 @@ def test_vector_reward_trains_with_a_transform():
         train(create_training_config(**SMALL), reward_fn=vec, progress=False)
     state = train(create_training_config(**SMALL), reward_fn=vec, reward_transform=create_reward_transform(weights=[1, 0.5]), progress=False)
     assert "reward/component_1" in state.stats_history[-1].custom_metrics
+
+
+def test_quick_start_takes_a_model_object():
+    "`model=` is a config field (a name) when it is a str, and the policy itself otherwise."
+    model, tok = load_tiny_model("addition", progress=False)
+    state, df = quick_start_training(model=model, tokenizer=tok, num_iterations=2, prompts_per_step=2, group_size=4, eval_every=0, progress=False)
+    assert state.iteration == 2 and len(df) == 2
