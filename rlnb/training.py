@@ -185,6 +185,8 @@ def training_step(
     raw_rewards = cb.rewards
     cb = _transformed(cb, rollouts, reward_transform, fn)  # 2.
     C, T = cb.completion_ids.shape[1], cfg.temperature
+    if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:  # Dr. GRPO: the budget, not the longest row
+        algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, C)}
     with torch.no_grad():  # 3.
         if cb.old_logprobs is None and cfg.updates_per_batch > 1:
             cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
@@ -250,7 +252,9 @@ def training_iteration(
         new_state, stats = training_step(state, batch, algorithm_config, optimizer_step_fn, tokenizer, config, loss_fn, reward_transform, kl_fn)
     if ref_model_update_fn is not None and new_state.ref_model is not None:
         new_state = new_state._replace(ref_model=update_reference_model(new_state.ref_model, state.model, ref_model_update_fn, step=new_state.global_step))
-    stats = stats._replace(custom_metrics={**stats.custom_metrics, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0})
+    sampled = {k: float(v) for k, v in (batch.batch_metadata or {}).items()  # e.g. a filtered rollout_fn's "sampling/..." counts
+               if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    stats = stats._replace(custom_metrics={**stats.custom_metrics, **sampled, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0})
     history = tuple(new_state.stats_history[:-1]) + (stats,)
     return new_state._replace(iteration=state.iteration + 1, stats_history=history), batch, stats
 

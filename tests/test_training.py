@@ -134,3 +134,14 @@ def test_quick_start_takes_a_model_object():
     model, tok = load_tiny_model("addition", progress=False)
     state, df = quick_start_training(model=model, tokenizer=tok, num_iterations=2, prompts_per_step=2, group_size=4, eval_every=0, progress=False)
     assert state.iteration == 2 and len(df) == 2
+
+
+def test_dr_grpo_normaliser_is_the_generation_budget():
+    "Dr. GRPO divides by the budget (max_new_tokens), not by the longest completion of the batch."
+    from rlnb.algorithms import compute_loss_by_algorithm
+    seen = []
+    def loss_fn(batch, logprobs, config):
+        seen.append((config["max_completion_length"], batch.completion_ids.shape[1]))
+        return compute_loss_by_algorithm(batch, logprobs, config)
+    train(create_training_config(**SMALL, algorithm="dr_grpo"), loss_fn=loss_fn, progress=False)
+    assert seen and all(budget == SMALL["max_new_tokens"] >= width for budget, width in seen), seen
