@@ -5,7 +5,8 @@ shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models`
 `MODEL_LOADERS`, LoRA), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
 prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards and the
 reward transform), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
-prompt loaders), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.loggers` (loggers, metrics, plots),
+prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`
+(RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.loggers` (loggers, metrics, plots),
 `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
 same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model)."""
 
@@ -22,7 +23,9 @@ from .tools import *
 from .rewards import *
 from .kl import *
 from .rollouts import *
+from .sampling import *
 from .algorithms import *
+from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ in ALGORITHMS
 from .loggers import *
 from .checkpoints import *
 from .training import *

@@ -189,6 +189,8 @@ def grpo_loss(
     aggregation: str | Callable = "token_mean",  # "token_mean" (DAPO), "sequence_mean" (GRPO), "constant" (Dr. GRPO)
     max_completion_length: int | None = None,  # L_max for aggregation="constant" (default: C)
     kl_fn: Callable | None = None,  # per-token KL (logprobs, ref_logprobs) -> (B, C), e.g. rlnb.kl's estimators; None = k3
+    log_ratio_clip: float | None = None,  # clamp log(pi/pi_old) to [-c, c] before exp (verl uses 20); None = off
+    dual_clip: float | None = None,  # for A < 0, cap the token loss at -dual_clip * A (verl's clip_ratio_c = 3); None = off
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "GRPO's clipped policy loss with an optional KL penalty (k3 by default), aggregated over the masked tokens."
     fn = "grpo_loss"
@@ -198,6 +200,9 @@ def grpo_loss(
     if ref_logprobs is not None: _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
     _check_number(fn, "beta", beta); _check_number(fn, "clip_eps", clip_eps)
     if clip_eps_high is not None: _check_number(fn, "clip_eps_high", clip_eps_high)
+    if log_ratio_clip is not None: _check_number(fn, "log_ratio_clip", log_ratio_clip)
+    if dual_clip is not None and (_check_number(fn, "dual_clip", dual_clip) or dual_clip <= 1):
+        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 (it caps the loss of ratios above it when A < 0)")
     if beta > 0 and ref_logprobs is None: raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
     if not callable(aggregation) and aggregation not in AGGREGATIONS:
         raise ValueError(f"{fn}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
@@ -208,8 +213,10 @@ def grpo_loss(
         if x is not None: _check_finite(fn, name, x.to(lp.device), keep)  # padding may hold NaN or -inf
     adv = _advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1) or (B, C)
     log_ratio = torch.where(keep, lp - old_logprobs.detach().to(lp.device, torch.float32), torch.zeros_like(lp))
+    if log_ratio_clip is not None: log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)  # no gradient beyond it
     ratio = torch.exp(log_ratio)  # (B, C), exactly 1 off the mask
     policy_tok = -clipped_surrogate_objective(ratio, adv, clip_eps, clip_eps_high)  # (B, C)
+    if dual_clip is not None: policy_tok = torch.where(adv < 0, torch.minimum(policy_tok, -dual_clip * adv), policy_tok)
     policy_loss = aggregate_loss(policy_tok, keep, aggregation, max_completion_length)
     kl_tok = _kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn) if ref_logprobs is not None else None
     kl_loss = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length) if beta > 0 else None
@@ -221,6 +228,7 @@ def grpo_loss(
         low_clip, high_clip = (ratio < 1 - clip_eps) & (adv_tok < 0), (ratio > 1 + high) & (adv_tok > 0)
         vals = {"clip/ratio": low_clip | high_clip, "clip/low_ratio": low_clip, "clip/high_ratio": high_clip,
                 "ratio/mean": ratio, "entropy/sampled_nll": -lp.detach()}
+        if dual_clip is not None: vals["clip/dual_ratio"] = (ratio > dual_clip) & (adv_tok < 0)
         if kl_tok is not None: vals["kl/mean"] = kl_tok.detach()
         extra = torch.stack([policy_loss.detach()] + ([kl_loss.detach()] if kl_loss is not None else [])).tolist()
         metrics = {"loss/policy": extra[0], **({"loss/kl": extra[1]} if kl_loss is not None else {}), **_masked_means(keep, **vals)}
@@ -274,7 +282,7 @@ class AlgorithmSpec(NamedTuple):
 
 
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
-                      max_completion_length=None, kl_fn=None)
+                      max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: configs are copies, never the registry's dict
     "grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss, MappingProxyType(_GRPO_DEFAULTS)),
@@ -324,14 +332,19 @@ def _split_config(cfg: Mapping[str, Any], *fns: Callable) -> tuple[list[dict], l
 def compute_loss_by_algorithm(
     batch: CollatedBatch,  # collated rollouts: rewards (B,), group_ids, loss_mask, old/ref log-probs
     logprobs: Tensor,  # (B, C) current policy log-probs of batch.completion_ids, with grad
-    algorithm_config: Mapping[str, Any],  # from create_algorithm_config: {"name": ..., **knobs}
+    algorithm_config: Mapping[str, Any],  # from create_algorithm_config: {"name": ..., **knobs}, plus optionally "max_new_tokens"
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "The default `loss_fn`: look the algorithm up in ALGORITHMS; its loss on `batch` (advantages: batch.advantages, else its advantage_fn)."
     fn = "compute_loss_by_algorithm"
     if not isinstance(batch, CollatedBatch): raise TypeError(f"{fn}: `batch` must be a CollatedBatch (use rlnb.core.collate), got {type(batch).__name__}")
     if "name" not in algorithm_config: raise ValueError(f"{fn}: `algorithm_config` has no 'name'; make it with create_algorithm_config")
     spec = _spec(fn, algorithm_config["name"])
-    knobs = {k: v for k, v in algorithm_config.items() if k != "name"}
+    knobs = {k: v for k, v in algorithm_config.items() if k not in ("name", "max_new_tokens")}
+    if knobs.get("aggregation") == "constant" and knobs.get("max_completion_length") is None:  # Dr. GRPO divides by the budget
+        if algorithm_config.get("max_new_tokens") is None:
+            raise ValueError(f"{fn}: aggregation='constant' divides by the generation budget; set `max_completion_length` (or pass "
+                             "`max_new_tokens` in the config) instead of letting the longest completion of the batch decide it")
+        knobs["max_completion_length"] = algorithm_config["max_new_tokens"]
     (adv_kw, loss_kw), unused = _split_config(knobs, spec.advantage_fn, spec.policy_loss)
     if unused: raise ValueError(f"{fn}: option(s) {unused} of {algorithm_config['name']!r} are taken by neither its advantage_fn nor its loss_fn")
     _check_2d(fn, "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")

@@ -126,7 +126,7 @@ class TrainingConfig(NamedTuple):
     task: str = "addition"  # a task name (rlnb.tasks.list_tasks()); gives prompts, reward and evaluation
     algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
     algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
-    beta: float = 0.0  # weight of the KL penalty to the reference (the KL is logged either way)
+    beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
     num_iterations: int = 200  # rollout-then-update iterations
     prompts_per_step: int = 16  # distinct prompts per iteration
     group_size: int = 8  # completions sampled per prompt (GRPO's G)

@@ -96,14 +96,14 @@ def default_optimizer_step(
 def create_training_state(
     model,  # the policy
     config: TrainingConfig | None = None,  # learning_rate, weight_decay, warmup_steps, lr_schedule, beta, num_iterations
-    reference: bool | None = None,  # keep a reference model (None: under LoRA always, otherwise only when beta > 0)
+    reference: bool | None = None,  # keep a reference model (None: under LoRA always, otherwise only when config.beta > 0)
     ref_model_fn: Callable | None = None,  # model -> reference (see rlnb.kl.create_reference_model)
 ) -> TrainingState:
     "Iteration 0 of a run: `model`, AdamW with the config's learning-rate schedule, and the reference model."
     config = TrainingConfig() if config is None else config
     total = max(1, config.num_iterations * config.updates_per_batch)
     opt, sched = create_optimizer(model, config.learning_rate, config.weight_decay, config.warmup_steps, config.lr_schedule, total)
-    if reference is None: reference = is_peft_model(model) or config.beta > 0
+    if reference is None: reference = is_peft_model(model) or (config.beta or 0) > 0
     ref = create_reference_model(model, ref_model_fn) if reference else None
     return TrainingState(0, 0, model, opt, sched, ref_model=ref, metadata={"config": config})
 
@@ -409,7 +409,8 @@ def train(
     if prompts is not None and prompt_loader is not None: raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
     own_prompts = prompts is not None or prompt_loader is not None
     task = get_task(config.task) if not (own_prompts and given["reward_fn"] and given["eval_fn"]) else None
-    algo = algorithm_config or create_algorithm_config(config.algorithm, config.algorithm_options, beta=config.beta)
+    beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
+    algo = algorithm_config or create_algorithm_config(config.algorithm, config.algorithm_options, **beta)
     first = algo(0) if callable(algo) else algo
     spec = ALGORITHMS.get(first.get("name")) if isinstance(first, Mapping) else None
     if spec is not None and spec.group_relative and config.group_size < 2:
@@ -420,7 +421,7 @@ def train(
     set_seed(config.seed)
     if initial_state is None:
         policy, tokenizer = _build_policy(config, model, tokenizer)
-        initial_state = create_training_state(policy, config)
+        initial_state = create_training_state(policy, config, reference=is_peft_model(policy) or first.get("beta", 0) > 0)
     state = initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config})
     threads = torch.get_num_threads()
     torch.set_num_threads(default_num_threads(state.model, config.num_threads))

@@ -23,9 +23,13 @@ PUBLIC = {
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
           "create_periodic_updater update_reference_model",
-    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn",
+    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader",
+    "sampling": "batch_groups nonzero_std_filter min_reward_filter diversity_filter length_filter combine_filters "
+                "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
                   "create_grpo_config create_algorithm_config compute_loss_by_algorithm get_algorithm_config",
+    "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss create_dapo_config "
+                 "gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics create_progress_logger",
     "checkpoints": "save_checkpoint load_checkpoint",
     "training": "training_step training_iteration train evaluate_accuracy create_eval_fn create_optimizer",
