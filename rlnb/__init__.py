@@ -6,7 +6,7 @@ shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models`
 prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards and the
 reward transform), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
 prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`
-(RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.loggers` (loggers, metrics, plots),
+(RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.loggers` (loggers, metrics, plots),
 `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
 same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model)."""
 
@@ -26,6 +26,7 @@ from .rollouts import *
 from .sampling import *
 from .algorithms import *
 from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ in ALGORITHMS
+from .dpo import *  # registers dpo
 from .loggers import *
 from .checkpoints import *
 from .training import *

@@ -316,7 +316,8 @@ def create_grpo_config(**kwargs) -> dict:
     return create_algorithm_config("grpo", **kwargs)
 
 # %% ../nbs/10_algorithms.ipynb #ded8d361
-_DATA_ARGS = {"rewards", "group_ids", "logprobs", "old_logprobs", "advantages", "loss_mask", "ref_logprobs"}
+_DATA_ARGS = set(CollatedBatch._fields) | {"logprobs"}  # data, never config knobs: the batch's fields and the policy's log-probs
+_PASSED = ("old_logprobs", "advantages", "loss_mask", "ref_logprobs")  # handed to every policy_loss explicitly
 
 def _split_config(cfg: Mapping[str, Any], *fns: Callable) -> tuple[list[dict], list[str]]:
     "For each fn, the config keys its signature names (or, with **kwargs, those no other fn names); plus the unclaimed keys."
@@ -350,7 +351,9 @@ def compute_loss_by_algorithm(
     _check_2d(fn, "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
     advantages = batch.advantages if batch.advantages is not None else spec.advantage_fn(batch.rewards, batch.group_ids, **adv_kw)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    return spec.policy_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, **loss_kw)
+    params = inspect.signature(spec.policy_loss).parameters
+    fields = {f: getattr(batch, f) for f in batch._fields if f in params and f not in _PASSED}  # e.g. group_ids, rewards
+    return spec.policy_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, **fields, **loss_kw)
 
 # %% ../nbs/10_algorithms.ipynb #5699a42a
 def get_algorithm_config(

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['SMALL_MODEL_PARAMS', 'ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch',
-           'TrainingConfig', 'TrainingStats', 'TrainingState', 'create_training_config', 'CollatedBatch', 'collate',
-           'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'model_device',
-           'pad_token_id', 'is_peft_model', 'GroupStats', 'group_stats', 'default_num_threads']
+__all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
+           'TrainingStats', 'TrainingState', 'create_training_config', 'CollatedBatch', 'collate', 'set_seed',
+           'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'model_device', 'pad_token_id',
+           'is_peft_model', 'GroupStats', 'group_stats']
 
 # %% ../nbs/00_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -132,6 +132,10 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
+    dynamic_sampling: bool | None = None  # keep groups whose rewards differ, sampling more to refill (None: the algorithm's; on for dapo)
+    over_sampling_factor: float | None = None  # prompts per missing group in each sampling round (None: the algorithm's; 1, dapo 3)
+    max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
+    overlong_buffer: int | None = None  # reward ramps to -1 over this many tokens before max_new_tokens (None: the algorithm's; 0, dapo 4)
     learning_rate: float = 2e-3  # peak learning rate (AdamW)
     lr_schedule: str = "constant"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
     warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
@@ -190,7 +194,8 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "temperature": (0, False), "max_new_tokens": (1, True), "learning_rate": (0, False), "warmup_steps": (0, True),
     "weight_decay": (0, True), "max_grad_norm": (0, True), "lora_r": (0, True), "updates_per_batch": (1, True),
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
-    "max_seconds": (0, False), "num_threads": (1, True)}
+    "max_seconds": (0, False), "num_threads": (1, True),
+    "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd")}
 
 
@@ -459,22 +464,3 @@ def group_stats(
     std = (zeros.index_add(0, index, (values - mean[index]) ** 2) / dof).sqrt()  # (G,)
     if unbiased: std = torch.where(count > 1, std, zeros)
     return GroupStats(index, count, mean, std, lo, hi)
-
-# %% ../nbs/00_core.ipynb #7e073a3b
-SMALL_MODEL_PARAMS = 50_000_000  # below this many parameters a CPU run uses one torch thread by default
-
-
-def default_num_threads(
-    model=None,  # the policy; its size decides (None = treat as small)
-    num_threads: int | None = None,  # an explicit choice wins
-) -> int:
-    "Torch CPU threads for a run: `num_threads`, else $RLNB_NUM_THREADS, else 1 for a small model, else torch's default."
-    if num_threads is not None:
-        if not isinstance(num_threads, int) or num_threads < 1: raise ValueError(f"default_num_threads: `num_threads` must be an int >= 1, got {num_threads!r}")
-        return num_threads
-    env = os.environ.get("RLNB_NUM_THREADS")
-    if env:
-        try: return max(1, int(env))
-        except ValueError: raise ValueError(f"default_num_threads: $RLNB_NUM_THREADS must be an integer, got {env!r}") from None
-    n = sum(p.numel() for p in model.parameters()) if model is not None else 0
-    return 1 if n < SMALL_MODEL_PARAMS else torch.get_num_threads()

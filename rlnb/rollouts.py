@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .core import (Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, collate, model_device,
+from .core import (Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState, collate, model_device,
                        pad_token_id)
 from .chat import format_prompt
 from .generation import batch_generate
@@ -21,7 +21,7 @@ from .rewards import _call, _check_scalar, _check_vector
 
 # %% auto #0
 __all__ = ['score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe', 'create_rollout', 'create_rollout_fn',
-           'create_prompt_loader']
+           'create_prompt_loader', 'evaluate_accuracy', 'create_eval_fn']
 
 # %% ../nbs/09_rollouts.ipynb #5038b018
 def _as_list(x, name: str, fn: str) -> list:
@@ -234,3 +234,36 @@ def create_prompt_loader(
             out.append(prompts[int(order[pos])])
         return out
     return prompt_loader
+
+# %% ../nbs/09_rollouts.ipynb #95ccee46
+def evaluate_accuracy(
+    model,  # the policy
+    tokenizer,  # its tokenizer
+    examples: Sequence,  # records with .prompt and .answer (e.g. TaskExample)
+    check: Callable[[str, Any], bool],  # check(completion_text, answer) -> bool, e.g. task.check
+    max_new_tokens: int | None = None,  # decoding budget (None = the longest answer's tokens + 2)
+    system_prompt: str | None = None,  # system message for the prompts
+    batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
+) -> float:
+    "Fraction of `examples` answered correctly with greedy decoding (one batched generation call)."
+    if not examples: raise ValueError("evaluate_accuracy: `examples` is empty")
+    if max_new_tokens is None: max_new_tokens = max(len(tokenizer.encode(str(e.answer), add_special_tokens=False)) for e in examples) + 2
+    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_return_sequences=1)
+    batch = create_batch_rollouts(model, tokenizer, examples, greedy, system_prompt=system_prompt, batch_size=batch_size)
+    return sum(bool(check(r.generation.text, r.answer)) for r in batch.rollouts) / len(batch)
+
+# %% ../nbs/09_rollouts.ipynb #bc680ea0
+def create_eval_fn(
+    task,  # a Task (sample, check, system_prompt)
+    tokenizer,  # the policy's tokenizer
+    num_examples: int = 64,  # held-out prompts
+    seed: int = 987_654,  # their seed (keep it away from the training seeds)
+    max_new_tokens: int | None = None,  # decoding budget (None = the longest answer + 2)
+    system_prompt: str | None = None,  # None = the task's
+) -> Callable[[TrainingState], dict]:
+    "An eval_fn for `train`: {'eval/accuracy': greedy accuracy of state.model on fixed held-out prompts}."
+    examples = task.sample(num_examples, seed=seed)
+    sp = task.system_prompt if system_prompt is None else system_prompt
+    def eval_fn(state: TrainingState) -> dict:
+        return {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, examples, task.check, max_new_tokens, sp)}
+    return eval_fn

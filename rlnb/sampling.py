@@ -13,10 +13,11 @@ import torch
 
 from .core import Batch, Rollout, TrainingConfig
 from .rewards import _policy_length, aggregate_vector_rewards
+from .rewards import length_penalty_reward
 
 # %% auto #0
 __all__ = ['batch_groups', 'nonzero_std_filter', 'min_reward_filter', 'diversity_filter', 'length_filter', 'combine_filters',
-           'create_prompt_source', 'create_filtered_rollout_fn']
+           'create_prompt_source', 'create_filtered_rollout_fn', 'sampling_settings', 'add_overlong_penalty']
 
 # %% ../nbs/09b_sampling.ipynb #726bf2fe
 def batch_groups(
@@ -184,3 +185,30 @@ def create_filtered_rollout_fn(
                  "sampling/kept_frac": len(kept) / max(generated, 1), "sampling/pass_frac": passed / max(generated, 1)}
         return Batch(rollouts, {**meta, "num_prompts": len(kept), **stats})
     return filtered_rollout_fn
+
+# %% ../nbs/09b_sampling.ipynb #3b66e0f3
+def sampling_settings(
+    config,  # a TrainingConfig
+    algorithm_defaults=None,  # the algorithm's run-level defaults (e.g. rlnb.catalogue.DAPO_DEFAULTS), or None
+) -> dict:
+    "dynamic_sampling, over_sampling_factor, max_sampling_rounds, overlong_buffer, overlong_penalty: the config's, else the algorithm's, else off."
+    defaults = {"dynamic_sampling": False, "over_sampling_factor": 1.0, "max_sampling_rounds": 3, "overlong_buffer": 0, "overlong_penalty": 1.0}
+    defaults.update({k: v for k, v in dict(algorithm_defaults or {}).items() if k in defaults})  # not e.g. the paper's group_size
+    out = {k: defaults[k] if getattr(config, k, None) is None else getattr(config, k) for k in defaults}
+    if not out["dynamic_sampling"]:
+        for k in ("over_sampling_factor", "max_sampling_rounds"):
+            if getattr(config, k) is not None:
+                raise ValueError(f"train: `config.{k}`={getattr(config, k)!r} would be ignored: dynamic sampling is off (set dynamic_sampling=True)")
+    return out
+
+# %% ../nbs/09b_sampling.ipynb #7b5ab12e
+def add_overlong_penalty(
+    reward_fn: Callable,  # rollout -> float
+    max_length: int,  # the generation budget (max_new_tokens)
+    buffer_length: int,  # the penalty ramps from 0 to -penalty over the last buffer_length tokens of the budget
+    penalty: float = 1.0,  # the penalty at the budget
+) -> Callable:
+    "`reward_fn` plus DAPO's soft overlong penalty (`rlnb.rewards.length_penalty_reward`), scaled by `penalty`."
+    over = length_penalty_reward(max_length=max_length, buffer_length=buffer_length)
+    def overlong_shaped(rollout) -> float: return float(reward_fn(rollout)) + penalty * over(rollout)
+    return overlong_shaped

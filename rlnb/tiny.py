@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from .core import ModelConfig, default_num_threads
+from .core import ModelConfig
+from .training import default_num_threads
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
-from .training import evaluate_accuracy
+from .rollouts import evaluate_accuracy
 from .loggers import create_jsonl_logger, load_metrics
 from .checkpoints import _rng_state, _set_rng_state
 from .sft import sft

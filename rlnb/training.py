@@ -14,20 +14,22 @@ import torch
 from torch import Tensor
 
 from .core import (Batch, CollatedBatch, Conversation, GenerationConfig, ModelConfig, TrainingConfig, TrainingState,
-                       TrainingStats, collate, create_training_config, default_num_threads, group_stats, is_peft_model,
+                       TrainingStats, collate, create_training_config, group_stats, is_peft_model,
                        model_device, pad_token_id, set_seed)
 from .tasks import Task, TaskExample, get_task
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
-from .rollouts import create_batch_rollouts, create_prompt_loader, create_rollout_fn
+from .rollouts import create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn
 from .algorithms import ALGORITHMS, compute_loss_by_algorithm, create_algorithm_config
+from .catalogue import DAPO_DEFAULTS
+from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import create_jsonl_logger, create_progress_logger, load_metrics
 from .checkpoints import checkpoint_exists, load_checkpoint, save_checkpoint
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step', 'create_training_state',
-           'training_step', 'training_iteration', 'evaluate_accuracy', 'create_eval_fn', 'train']
+__all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
+           'create_training_state', 'default_num_threads', 'training_step', 'training_iteration', 'train']
 
 # %% ../nbs/13_training.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -106,6 +108,25 @@ def create_training_state(
     if reference is None: reference = is_peft_model(model) or (config.beta or 0) > 0
     ref = create_reference_model(model, ref_model_fn) if reference else None
     return TrainingState(0, 0, model, opt, sched, ref_model=ref, metadata={"config": config})
+
+# %% ../nbs/13_training.ipynb #7e073a3b
+SMALL_MODEL_PARAMS = 50_000_000  # below this many parameters a CPU run uses one torch thread by default
+
+
+def default_num_threads(
+    model=None,  # the policy; its size decides (None = treat as small)
+    num_threads: int | None = None,  # an explicit choice wins
+) -> int:
+    "Torch CPU threads for a run: `num_threads`, else $RLNB_NUM_THREADS, else 1 for a small model, else torch's default."
+    if num_threads is not None:
+        if not isinstance(num_threads, int) or num_threads < 1: raise ValueError(f"default_num_threads: `num_threads` must be an int >= 1, got {num_threads!r}")
+        return num_threads
+    env = os.environ.get("RLNB_NUM_THREADS")
+    if env:
+        try: return max(1, int(env))
+        except ValueError: raise ValueError(f"default_num_threads: $RLNB_NUM_THREADS must be an integer, got {env!r}") from None
+    n = sum(p.numel() for p in model.parameters()) if model is not None else 0
+    return 1 if n < SMALL_MODEL_PARAMS else torch.get_num_threads()
 
 # %% ../nbs/13_training.ipynb #1369d06b
 def _select(cb: CollatedBatch, idx: Tensor) -> CollatedBatch:
@@ -258,39 +279,6 @@ def training_iteration(
     history = tuple(new_state.stats_history[:-1]) + (stats,)
     return new_state._replace(iteration=state.iteration + 1, stats_history=history), batch, stats
 
-# %% ../nbs/13_training.ipynb #95ccee46
-def evaluate_accuracy(
-    model,  # the policy
-    tokenizer,  # its tokenizer
-    examples: Sequence,  # records with .prompt and .answer (e.g. TaskExample)
-    check: Callable[[str, Any], bool],  # check(completion_text, answer) -> bool, e.g. task.check
-    max_new_tokens: int | None = None,  # decoding budget (None = the longest answer's tokens + 2)
-    system_prompt: str | None = None,  # system message for the prompts
-    batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
-) -> float:
-    "Fraction of `examples` answered correctly with greedy decoding (one batched generation call)."
-    if not examples: raise ValueError("evaluate_accuracy: `examples` is empty")
-    if max_new_tokens is None: max_new_tokens = max(len(tokenizer.encode(str(e.answer), add_special_tokens=False)) for e in examples) + 2
-    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_return_sequences=1)
-    batch = create_batch_rollouts(model, tokenizer, examples, greedy, system_prompt=system_prompt, batch_size=batch_size)
-    return sum(bool(check(r.generation.text, r.answer)) for r in batch.rollouts) / len(batch)
-
-# %% ../nbs/13_training.ipynb #bc680ea0
-def create_eval_fn(
-    task,  # a Task (sample, check, system_prompt)
-    tokenizer,  # the policy's tokenizer
-    num_examples: int = 64,  # held-out prompts
-    seed: int = 987_654,  # their seed (keep it away from the training seeds)
-    max_new_tokens: int | None = None,  # decoding budget (None = the longest answer + 2)
-    system_prompt: str | None = None,  # None = the task's
-) -> Callable[[TrainingState], dict]:
-    "An eval_fn for `train`: {'eval/accuracy': greedy accuracy of state.model on fixed held-out prompts}."
-    examples = task.sample(num_examples, seed=seed)
-    sp = task.system_prompt if system_prompt is None else system_prompt
-    def eval_fn(state: TrainingState) -> dict:
-        return {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, examples, task.check, max_new_tokens, sp)}
-    return eval_fn
-
 # %% ../nbs/13_training.ipynb #e892bc40
 def _split_prompts(items, fn: str = "train") -> list:
     "prompt_loader output -> a list of prompts; a (prompts, answers) pair of strings becomes TaskExamples."
@@ -416,6 +404,8 @@ def train(
     if spec is not None and spec.group_relative and config.group_size < 2:
         raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is compared with the others "
                          "sampled for its prompt, so a group of one has advantage 0 and nothing trains; use group_size >= 2")
+    if spec is not None and first["name"] == "dpo" and config.micro_batch_size and config.micro_batch_size % config.group_size:
+        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split DPO's groups; use a multiple of group_size or None")
     metrics_path, ckpt_path = _output_paths(config, fn)
 
     set_seed(config.seed)
@@ -432,9 +422,16 @@ def train(
         print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
               + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
     if prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
+    run = sampling_settings(config, DAPO_DEFAULTS if first.get("name") == "dapo" else None)  # dynamic sampling, overlong penalty
     if rollout_fn is None:
-        rollout_fn = create_rollout_fn(reward_fn or task.reward_fn, generator, template_fn, tool_parser,
+        reward = reward_fn or task.reward_fn
+        if run["overlong_buffer"]: reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"], run["overlong_penalty"])
+        rollout_fn = create_rollout_fn(reward, generator, template_fn, tool_parser,
                                        system_prompt if system_prompt is not None or task is None else task.system_prompt)
+    elif run["overlong_buffer"]: raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; set overlong_buffer=0")
+    if run["dynamic_sampling"]:
+        rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"], run["max_sampling_rounds"],
+                                                prompt_source=None if own_prompts else task)
     if eval_fn is None and config.eval_every and not own_prompts:
         eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
     if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = {
     "core": "ModelConfig GenerationConfig Message Conversation Generation Rollout Batch TrainingConfig TrainingStats "
             "TrainingState CollatedBatch collate set_seed rollouts_to_jsonl rollouts_from_jsonl create_training_config "
-            "model_device pad_token_id is_peft_model group_stats default_num_threads",
+            "model_device pad_token_id is_peft_model group_stats",
     "tasks": "get_task list_tasks load_jsonl_dataset extract_gsm8k_answer extract_number",
     "models": "load_model load_tokenizer apply_lora MODEL_LOADERS TOKENIZER_LOADERS",
     "chat": "format_prompt apply_chat_template parse_thinking",
@@ -23,16 +23,17 @@ PUBLIC = {
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
           "create_periodic_updater update_reference_model",
-    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader",
+    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader evaluate_accuracy create_eval_fn",
     "sampling": "batch_groups nonzero_std_filter min_reward_filter diversity_filter length_filter combine_filters "
                 "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
                   "create_grpo_config create_algorithm_config compute_loss_by_algorithm get_algorithm_config",
     "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss create_dapo_config "
                  "gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
+    "dpo": "compute_dpo_pairs compute_dpo_loss dpo_policy_loss",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics create_progress_logger",
     "checkpoints": "save_checkpoint load_checkpoint",
-    "training": "training_step training_iteration train evaluate_accuracy create_eval_fn create_optimizer",
+    "training": "training_step training_iteration train create_optimizer default_num_threads",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
     "tiny": "load_tiny_model build_tokenizer build_tiny_model",

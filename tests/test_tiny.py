@@ -9,7 +9,7 @@ import rlnb.tiny as tiny
 from rlnb.tasks import get_task
 from rlnb.core import ModelConfig
 from rlnb.models import load_model, load_tokenizer
-from rlnb.training import evaluate_accuracy
+from rlnb.rollouts import evaluate_accuracy
 from rlnb.tiny import (SUMMARY_FILE, build_tiny_model, build_tokenizer, load_tiny_model, read_tiny_history,
                        tiny_cache_path)
 

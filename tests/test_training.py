@@ -10,7 +10,8 @@ from rlnb.models import apply_lora
 from rlnb.kl import create_reference_model
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, evaluate_accuracy, train, training_step
+from rlnb.training import create_optimizer, train, training_step
+from rlnb.rollouts import evaluate_accuracy
 from rlnb.quickstart import quick_start_training
 from rlnb.loggers import load_metrics
 from rlnb.rollouts import create_batch_rollouts
@@ -145,3 +146,17 @@ def test_dr_grpo_normaliser_is_the_generation_budget():
         return compute_loss_by_algorithm(batch, logprobs, config)
     train(create_training_config(**SMALL, algorithm="dr_grpo"), loss_fn=loss_fn, progress=False)
     assert seen and all(budget == SMALL["max_new_tokens"] >= width for budget, width in seen), seen
+
+
+def test_dapo_runs_with_the_papers_dynamic_sampling_and_overlong_penalty():
+    "algorithm='dapo' switches on dynamic sampling (with its metrics) and the overlong penalty; the config can turn them off."
+    state = train(create_training_config(**SMALL, algorithm="dapo"), progress=False)
+    m = state.stats_history[-1].custom_metrics
+    assert m["algorithm"] == "dapo" and m["sampling/rounds"] >= 1 and m["sampling/groups_kept"] <= SMALL["prompts_per_step"]
+    plain = train(create_training_config(**SMALL, algorithm="dapo", dynamic_sampling=False, overlong_buffer=0), progress=False)
+    assert "sampling/rounds" not in plain.stats_history[-1].custom_metrics
+
+
+def test_dpo_refuses_micro_batches_that_split_its_groups():
+    with pytest.raises(ValueError, match="`micro_batch_size`=3 would split DPO's groups"):
+        train(create_training_config(**SMALL, algorithm="dpo", micro_batch_size=3), progress=False)
