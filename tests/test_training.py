@@ -160,3 +160,12 @@ def test_dapo_runs_with_the_papers_dynamic_sampling_and_overlong_penalty():
 def test_dpo_refuses_micro_batches_that_split_its_groups():
     with pytest.raises(ValueError, match="`micro_batch_size`=3 would split DPO's groups"):
         train(create_training_config(**SMALL, algorithm="dpo", micro_batch_size=3), progress=False)
+
+
+def test_switching_across_algorithms_mid_run():
+    "GRPO -> DPO -> RLOO -> GSPO in one run, the KL reference shared; each record names the algorithm that ran."
+    names = ["grpo", "dpo", "rloo", "gspo"]
+    seen = []
+    state = train(create_training_config(**{**SMALL, "num_iterations": 4}), algorithm_config=lambda it: create_algorithm_config(names[it]),
+                  logger=lambda s, st: seen.append(st.custom_metrics["algorithm"]), progress=False)
+    assert seen == names and state.global_step == 4
