@@ -11,6 +11,15 @@ processes (so each has its own peak), the peak memory of rlnb with no reference 
 
     python benchmarks/grpo_vs_trl.py                       # 3 seeds x 30 steps of 8 prompts x 8, 8 new tokens (~5 min)
     python benchmarks/grpo_vs_trl.py --steps 10 --seeds 0 --skip-memory   # a quick look
+    python benchmarks/grpo_vs_trl.py --algorithm dapo --skip-memory --plot ""  # rlnb's DAPO vs GRPOTrainer(loss_type="dapo")
+    python benchmarks/grpo_vs_trl.py --algorithm rloo --skip-memory --plot ""  # rlnb's RLOO vs RLOOTrainer
+
+`--algorithm` picks the pair (ALGORITHM_PAIRS below): grpo (default) = rlnb's `grpo` vs `GRPOTrainer`; dapo = rlnb's `dapo`
+(decoupled clip 0.2 / 0.28, token-level loss, beta 0) vs `GRPOTrainer(loss_type="dapo", epsilon_high=0.28, beta=0)`, with
+rlnb's dynamic sampling and overlong penalty OFF, because TRL has neither; rloo = rlnb's `rloo` (leave-one-out baseline)
+vs TRL's `RLOOTrainer` (beta 0, no advantage normalisation), with rlnb's loss summed over each completion's tokens as
+RLOOTrainer's is (its sequence log-ratio is the sum of the token log-ratios; at one update per batch the ratio is 1 and
+the two gradients are equal).
 
 TRL is installed only for benchmarks (`pip install trl`); rlnb itself does not depend on it. Results: benchmarks/README.md.
 """
@@ -24,6 +33,23 @@ from _common import reset_peak_rss, setup_torch, status_mib  # noqa: E402  (this
 LOSS_TYPES = {"grpo": "sequence_mean", "dapo": "token_mean", "dr_grpo": "constant"}  # TRL loss_type -> rlnb aggregation
 
 
+def sequence_sum(per_token_loss, loss_mask):
+    "Aggregation = RLOOTrainer's: each completion's token losses summed, averaged over completions (B, C) -> scalar."
+    import torch
+    keep = loss_mask.to(per_token_loss.device) > 0
+    return torch.where(keep, per_token_loss, torch.zeros_like(per_token_loss)).sum() / per_token_loss.shape[0]
+
+
+# --algorithm NAME -> (rlnb's registered algorithm, TRL trainer, what TRL's config and rlnb's algorithm config set)
+ALGORITHM_PAIRS = {
+    "grpo": dict(rlnb="grpo", trl="GRPOTrainer", trl_config={}, rlnb_config={}),
+    "dapo": dict(rlnb="dapo", trl="GRPOTrainer", trl_config=dict(loss_type="dapo", epsilon_high=0.28),
+                 rlnb_config=dict(clip_eps_high=0.28)),  # + scale_rewards / scale from --scale-rewards on both sides
+    "rloo": dict(rlnb="rloo", trl="RLOOTrainer", trl_config=dict(normalize_advantages=False),
+                 rlnb_config=dict(aggregation=sequence_sum)),  # beta > 0 differs: RLOOTrainer subtracts the KL from the reward
+}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="addition", help="rlnb task name (the tiny model is pre-trained on it)")
@@ -35,7 +61,10 @@ def parse_args(argv=None):
     p.add_argument("--lora-r", type=int, default=8, help="LoRA rank; alpha = 2 r, dropout 0, all linear projections")
     p.add_argument("--beta", type=float, default=0.0, help="KL weight for the speed/reward comparison (0 = no reference pass on either side)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--loss-type", default="grpo", choices=sorted(LOSS_TYPES), help="TRL loss_type; rlnb uses the matching aggregation")
+    p.add_argument("--algorithm", default="grpo", choices=sorted(ALGORITHM_PAIRS),
+                   help="grpo: GRPO vs GRPOTrainer; dapo: rlnb's dapo (no dynamic sampling, no overlong penalty) vs GRPOTrainer(loss_type='dapo'); "
+                        "rloo: rlnb's rloo vs RLOOTrainer (beta 0 on both)")
+    p.add_argument("--loss-type", default="grpo", choices=sorted(LOSS_TYPES), help="--algorithm grpo: TRL loss_type; rlnb uses the matching aggregation")
     p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"], help="advantage std scaling (both sides)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; each seeds the LoRA init, the sampling and the prompt stream")
     p.add_argument("--threads", type=int, default=1,
@@ -121,11 +150,19 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     ref = make_ref(model) if make_ref is not None else None  # "lora": AdapterDisabledRef(model), no copy
     optimizer, scheduler = create_optimizer(model, learning_rate=args.lr, weight_decay=0.0, warmup_steps=0)
     B = args.prompts * args.group
+    pair = ALGORITHM_PAIRS[args.algorithm]
+    # dynamic_sampling / overlong_buffer: TRL has neither, so they are off (they act in `train`'s rollout_fn, which this
+    # script does not use: its rollout_fn below is the plain one; set here so the recorded config says so)
     tcfg = TrainingConfig(num_iterations=args.steps, prompts_per_step=args.prompts, group_size=args.group, learning_rate=args.lr,
                           max_grad_norm=1.0, updates_per_batch=1, micro_batch_size=B, seed=seed, eval_every=0, beta=beta,
-                          temperature=args.temperature, max_new_tokens=args.max_new_tokens, lora_r=args.lora_r)
-    algo = create_algorithm_config("grpo", beta=beta, clip_eps=0.2, scale=args.scale_rewards, aggregation=LOSS_TYPES[args.loss_type],
-                                   max_completion_length=args.max_new_tokens if args.loss_type == "dr_grpo" else None)
+                          temperature=args.temperature, max_new_tokens=args.max_new_tokens, lora_r=args.lora_r, algorithm=pair["rlnb"],
+                          dynamic_sampling=False, overlong_buffer=0)
+    if args.algorithm == "grpo":
+        algo = create_algorithm_config("grpo", beta=beta, clip_eps=0.2, scale=args.scale_rewards, aggregation=LOSS_TYPES[args.loss_type],
+                                       max_completion_length=args.max_new_tokens if args.loss_type == "dr_grpo" else None)
+    else:
+        extra = dict(scale=args.scale_rewards) if args.algorithm == "dapo" else {}
+        algo = create_algorithm_config(pair["rlnb"], {**pair["rlnb_config"], **extra}, beta=beta, clip_eps=0.2)
     rollout_fn = create_rollout_fn(task.reward_fn, system_prompt=task.system_prompt)  # top_p 1, top_k off: plain sampling
     state = TrainingState(0, 0, model, optimizer, scheduler, ref_model=ref, metadata={"config": tcfg})
     return dict(side="rlnb", state=state, tok=tok, task=task, rollout_fn=rollout_fn, algo=algo, tcfg=tcfg, ref=ref, ref_kind=ref_kind,
@@ -159,7 +196,10 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    import trl
+    pair = ALGORITHM_PAIRS[args.algorithm]
+    Trainer = getattr(trl, pair["trl"])
+    Config = getattr(trl, pair["trl"].replace("Trainer", "Config"))
     from rlnb.core import set_seed
 
     set_seed(seed)
@@ -184,20 +224,23 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
             if logs and "reward" in logs: self.logs.append(dict(logs))
 
     B = args.prompts * args.group
-    config = GRPOConfig(
+    algo_kw = dict(loss_type=args.loss_type) if args.algorithm == "grpo" else dict(pair["trl_config"])
+    if pair["trl"] == "GRPOTrainer": algo_kw["scale_rewards"] = args.scale_rewards
+    algo_kw["beta"] = args.beta
+    config = Config(
         output_dir=tempfile.mkdtemp(prefix="grpo_vs_trl_"), use_cpu=True, bf16=False, fp16=False, seed=seed,
         max_steps=args.steps, per_device_train_batch_size=B, gradient_accumulation_steps=1, generation_batch_size=B,
         num_generations=args.group, max_completion_length=args.max_new_tokens, temperature=args.temperature,
         top_p=1.0, top_k=0, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, optim="adamw_torch", beta=args.beta, epsilon=0.2,
-        num_iterations=1, loss_type=args.loss_type, scale_rewards=args.scale_rewards, mask_truncated_completions=False,
+        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, optim="adamw_torch", epsilon=0.2,
+        num_iterations=1, mask_truncated_completions=False, **algo_kw,
         shuffle_dataset=False, gradient_checkpointing=False, disable_dropout=True, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0, remove_unused_columns=False)
     peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules=targets,
                              bias="none", task_type="CAUSAL_LM")
     timer = Timer()
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=config, train_dataset=dataset, processing_class=tok,
+    trainer = Trainer(model=model, reward_funcs=correct, args=config, train_dataset=dataset, processing_class=tok,
                           peft_config=peft_config, callbacks=[timer])
     trainer.remove_callback(PrinterCallback)  # no per-step print (disable_tqdm adds it); keeps TRL's overhead down
     rollout_s, generate_and_score = [], trainer._generate_and_score_completions
@@ -286,7 +329,7 @@ def run_memory_probes(args) -> list[dict]:
                    "--group", str(group), "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
                    "--lora-r", str(args.lora_r), "--seeds", args.seeds, "--threads", str(args.threads),
                    "--memory-beta", str(args.memory_beta), "--memory-steps", str(args.memory_steps),
-                   "--steps", str(max(args.memory_steps, 1)), "--loss-type", args.loss_type]
+                   "--steps", str(max(args.memory_steps, 1)), "--loss-type", args.loss_type, "--algorithm", args.algorithm]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
             if proc.returncode or not line:
@@ -335,7 +378,7 @@ def plot(all_runs: list[dict], args, path: str):
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
     colors = {"rlnb": "tab:blue", "trl": "tab:orange"}
-    for side, label in (("rlnb", "rlnb"), ("trl", "TRL GRPOTrainer")):
+    for side, label in (("rlnb", f"rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']}"), ("trl", f"TRL {ALGORITHM_PAIRS[args.algorithm]['trl']}")):
         curves = [runs[side]["rewards"] for runs in all_runs]
         times = [runs[side]["step_s"] for runs in all_runs]
         n = min(len(c) for c in curves)
@@ -385,7 +428,9 @@ def main(argv=None):
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, peft {peft.__version__}; "
           f"{torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load average {load_start[0]:.1f} (1 min)")
     print(f"{args.steps} steps x {args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens, lr {args.lr}, "
-          f"LoRA r={args.lora_r} alpha={2 * args.lora_r}, beta {args.beta}, T={args.temperature}, loss {args.loss_type}, "
+          f"LoRA r={args.lora_r} alpha={2 * args.lora_r}, beta {args.beta}, T={args.temperature}, algorithm {args.algorithm} (rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']} vs TRL "
+          f"{ALGORITHM_PAIRS[args.algorithm]['trl']} {ALGORITHM_PAIRS[args.algorithm]['trl_config'] or ''})"
+          + (f", loss {args.loss_type}" if args.algorithm == "grpo" else "") + f", "
           f"scale_rewards {args.scale_rewards}, seeds {seeds}, {args.mode}")
     all_runs, per_seed = [], {"rlnb": [], "trl": []}
     t0 = time.perf_counter()
