@@ -279,6 +279,8 @@ class AlgorithmSpec(NamedTuple):
     policy_loss: Callable  # (logprobs, old_logprobs, advantages, loss_mask, ref_logprobs=None, **knobs) -> (loss, metrics)
     default_config: Mapping[str, Any]  # every knob the two functions take, with its default
     group_relative: bool = True  # its baseline is the group: it needs at least 2 completions per prompt
+    whole_groups: bool = False  # its loss pairs rollouts of a group (DPO): a micro-batch must not split a group
+    run_defaults: Mapping[str, Any] = MappingProxyType({})  # run-level knobs it expects, e.g. DAPO's dynamic sampling
 
 
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",

@@ -135,7 +135,7 @@ def compute_dapo_loss(
 
 # %% ../nbs/10b_catalogue.ipynb #e237cc57
 ALGORITHMS["dapo"] = AlgorithmSpec(compute_grpo_advantages, compute_dapo_loss, MappingProxyType(dict(
-    scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=0.28, beta=0.0, kl_fn=None)))
+    scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=0.28, beta=0.0, kl_fn=None)), run_defaults=DAPO_DEFAULTS)
 
 
 def create_dapo_config(**overrides) -> dict:

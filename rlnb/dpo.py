@@ -163,4 +163,4 @@ def dpo_policy_loss(
 
 # %% ../nbs/10c_dpo.ipynb #072392b1
 ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_policy_loss, MappingProxyType(dict(
-    beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True)
+    beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True)

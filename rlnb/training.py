@@ -22,7 +22,6 @@ from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
 from .rollouts import create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn
 from .algorithms import ALGORITHMS, compute_loss_by_algorithm, create_algorithm_config
-from .catalogue import DAPO_DEFAULTS
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import create_jsonl_logger, create_progress_logger, load_metrics
 from .checkpoints import checkpoint_exists, load_checkpoint, save_checkpoint
@@ -404,8 +403,8 @@ def train(
     if spec is not None and spec.group_relative and config.group_size < 2:
         raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is compared with the others "
                          "sampled for its prompt, so a group of one has advantage 0 and nothing trains; use group_size >= 2")
-    if spec is not None and first["name"] == "dpo" and config.micro_batch_size and config.micro_batch_size % config.group_size:
-        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split DPO's groups; use a multiple of group_size or None")
+    if spec is not None and spec.whole_groups and config.micro_batch_size and config.micro_batch_size % config.group_size:
+        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s groups; use a multiple of group_size or None")
     metrics_path, ckpt_path = _output_paths(config, fn)
 
     set_seed(config.seed)
@@ -422,7 +421,7 @@ def train(
         print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
               + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
     if prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
-    run = sampling_settings(config, DAPO_DEFAULTS if first.get("name") == "dapo" else None)  # dynamic sampling, overlong penalty
+    run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong penalty
     if rollout_fn is None:
         reward = reward_fn or task.reward_fn
         if run["overlong_buffer"]: reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"], run["overlong_penalty"])
