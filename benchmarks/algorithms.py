@@ -45,6 +45,7 @@ SETTINGS: dict[str, dict] = {
     "reinforce": dict(learning_rate=2e-3),
     "reinforce++": dict(learning_rate=2e-3),
     "dpo": dict(learning_rate=1e-3, group_size=8, micro_batch_size=None),  # pairs come from groups: group_size >= 2, no micro-batches cutting groups
+    "ppo": dict(learning_rate=2e-3),  # GRPO's clipped loss with GAE advantages and a value head (vf_coef 0.1, lambda 0.95, no KL)
 }
 
 

@@ -8,7 +8,11 @@ reward transform), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` 
 prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`
 (RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.loggers` (loggers, metrics, plots),
 `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
-same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model)."""
+same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model).
+
+Modules:
+
+- `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss."""
 
 __version__ = "0.0.1"
 
@@ -27,6 +31,7 @@ from .sampling import *
 from .algorithms import *
 from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ in ALGORITHMS
 from .dpo import *  # registers dpo
+from .ppo import *  # registers ppo
 from .loggers import *
 from .checkpoints import *
 from .training import *

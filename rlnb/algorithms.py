@@ -19,7 +19,8 @@ from .kl import kl_k3
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
            'aggregate_loss', 'grpo_loss', 'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec',
-           'create_algorithm_config', 'create_grpo_config', 'compute_loss_by_algorithm', 'get_algorithm_config']
+           'create_algorithm_config', 'create_grpo_config', 'compute_batch_advantages', 'compute_loss_by_algorithm',
+           'get_algorithm_config']
 
 # %% ../nbs/10_algorithms.ipynb #172e3d3a
 _SCALES = ("group", "batch", "none")
@@ -281,6 +282,7 @@ class AlgorithmSpec(NamedTuple):
     group_relative: bool = True  # its baseline is the group: it needs at least 2 completions per prompt
     whole_groups: bool = False  # its loss pairs rollouts of a group (DPO): a micro-batch must not split a group
     run_defaults: Mapping[str, Any] = MappingProxyType({})  # run-level knobs it expects, e.g. DAPO's dynamic sampling
+    value_head: bool = False  # it learns a value function (PPO): the run keeps a value head and fills the batch's values
 
 
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
@@ -332,14 +334,8 @@ def _split_config(cfg: Mapping[str, Any], *fns: Callable) -> tuple[list[dict], l
     return parts, unused
 
 
-def compute_loss_by_algorithm(
-    batch: CollatedBatch,  # collated rollouts: rewards (B,), group_ids, loss_mask, old/ref log-probs
-    logprobs: Tensor,  # (B, C) current policy log-probs of batch.completion_ids, with grad
-    algorithm_config: Mapping[str, Any],  # from create_algorithm_config: {"name": ..., **knobs}, plus optionally "max_new_tokens"
-) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
-    "The default `loss_fn`: look the algorithm up in ALGORITHMS; its loss on `batch` (advantages: batch.advantages, else its advantage_fn)."
-    fn = "compute_loss_by_algorithm"
-    if not isinstance(batch, CollatedBatch): raise TypeError(f"{fn}: `batch` must be a CollatedBatch (use rlnb.core.collate), got {type(batch).__name__}")
+def _algorithm_knobs(fn: str, algorithm_config: Mapping[str, Any]) -> tuple[AlgorithmSpec, dict, dict, list]:
+    "The registered spec and the config's knobs split between its advantage_fn and its policy_loss (+ the unclaimed ones)."
     if "name" not in algorithm_config: raise ValueError(f"{fn}: `algorithm_config` has no 'name'; make it with create_algorithm_config")
     spec = _spec(fn, algorithm_config["name"])
     knobs = {k: v for k, v in algorithm_config.items() if k not in ("name", "max_new_tokens")}
@@ -349,13 +345,41 @@ def compute_loss_by_algorithm(
                              "`max_new_tokens` in the config) instead of letting the longest completion of the batch decide it")
         knobs["max_completion_length"] = algorithm_config["max_new_tokens"]
     (adv_kw, loss_kw), unused = _split_config(knobs, spec.advantage_fn, spec.policy_loss)
+    return spec, adv_kw, loss_kw, unused
+
+
+def _batch_fields(f: Callable, batch: CollatedBatch, skip=()) -> dict:
+    "The fields of `batch` that `f`'s signature names (e.g. group_ids, loss_mask, old_values), except `skip`."
+    params = inspect.signature(f).parameters
+    return {k: getattr(batch, k) for k in batch._fields if k in params and k not in skip}
+
+
+def compute_batch_advantages(
+    batch: CollatedBatch,  # the whole collated batch (advantages are computed once, before any micro-batch)
+    algorithm_config: Mapping[str, Any],  # {"name": ..., **knobs}; knobs of the advantage_fn are used, others ignored
+) -> CollatedBatch:  # the batch with `advantages` (and `returns`, for a pair) set
+    "The registered algorithm's advantage_fn on a batch: rewards, group ids and any batch field it names (PPO: loss_mask, old_values)."
+    spec, adv_kw, _, _ = _algorithm_knobs("compute_batch_advantages", algorithm_config)
+    out = spec.advantage_fn(batch.rewards, batch.group_ids, **_batch_fields(spec.advantage_fn, batch, ("rewards", "group_ids", "advantages")), **adv_kw)
+    return batch._replace(advantages=out[0], returns=out[1]) if isinstance(out, tuple) else batch._replace(advantages=out)
+
+
+# %% ../nbs/10_algorithms.ipynb #64ad076e
+def compute_loss_by_algorithm(
+    batch: CollatedBatch,  # collated rollouts: rewards (B,), group_ids, loss_mask, old/ref log-probs
+    logprobs: Tensor,  # (B, C) current policy log-probs of batch.completion_ids, with grad
+    algorithm_config: Mapping[str, Any],  # from create_algorithm_config: {"name": ..., **knobs}, plus optionally "max_new_tokens"
+) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
+    "The default `loss_fn`: look the algorithm up in ALGORITHMS; its loss on `batch` (advantages: batch.advantages, else its advantage_fn)."
+    fn = "compute_loss_by_algorithm"
+    if not isinstance(batch, CollatedBatch): raise TypeError(f"{fn}: `batch` must be a CollatedBatch (use rlnb.core.collate), got {type(batch).__name__}")
+    spec, _, loss_kw, unused = _algorithm_knobs(fn, algorithm_config)
     if unused: raise ValueError(f"{fn}: option(s) {unused} of {algorithm_config['name']!r} are taken by neither its advantage_fn nor its loss_fn")
     _check_2d(fn, "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
-    advantages = batch.advantages if batch.advantages is not None else spec.advantage_fn(batch.rewards, batch.group_ids, **adv_kw)
+    if batch.advantages is None: batch = compute_batch_advantages(batch, algorithm_config)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    params = inspect.signature(spec.policy_loss).parameters
-    fields = {f: getattr(batch, f) for f in batch._fields if f in params and f not in _PASSED}  # e.g. group_ids, rewards
-    return spec.policy_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, **fields, **loss_kw)
+    fields = _batch_fields(spec.policy_loss, batch, _PASSED)  # e.g. group_ids, rewards; PPO: values, old_values, returns
+    return spec.policy_loss(logprobs, old, batch.advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, **fields, **loss_kw)
 
 # %% ../nbs/10_algorithms.ipynb #5699a42a
 def get_algorithm_config(

@@ -15,7 +15,7 @@ import torch
 from .core import TrainingState, from_jsonable, is_peft_model, model_device, to_jsonable
 
 # %% auto #0
-__all__ = ['checkpoint_exists', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['checkpoint_exists', 'save_checkpoint', 'load_checkpoint', 'checkpoint_metadata']
 
 # %% ../nbs/12_checkpoints.ipynb #27ee6ce6
 def _rng_state() -> dict:
@@ -75,12 +75,14 @@ def _write_checkpoint(state: TrainingState, folder: Path) -> None:
     else:
         save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
         kind = "full"
+    if state.value_head is not None: save_model(state.value_head, str(folder / "value_head.safetensors"), metadata={"format": "pt"})
     if state.optimizer is not None: torch.save(state.optimizer.state_dict(), folder / "optimizer.pt")
     if state.scheduler is not None: torch.save(state.scheduler.state_dict(), folder / "scheduler.pt")
     torch.save(_rng_state(), folder / "rng.pt")
     for f in folder.iterdir(): _fsync(f)
     meta = {"format": "rlnb-checkpoint/1", "weights": kind, "iteration": state.iteration, "global_step": state.global_step,
-            "stats_history": to_jsonable(tuple(state.stats_history)), "metadata": _jsonable_metadata(state.metadata)}
+            "stats_history": to_jsonable(tuple(state.stats_history)), "metadata": _jsonable_metadata(state.metadata),
+            "value_head": state.value_head is not None}
     (folder / "state.json").write_text(json.dumps(meta))  # last: its presence marks a complete checkpoint
     _fsync(folder / "state.json"); _fsync(folder)
 
@@ -203,6 +205,7 @@ def load_checkpoint(
     scheduler=None,  # if given, its state is restored
     loader: Callable | None = None,  # custom: loader(path, model, optimizer, scheduler) -> TrainingState
     restore_rng: bool = True,  # also restore the Python/numpy/torch random states
+    value_head=None,  # the run's value head, if the checkpoint holds one (add it to the optimizer first: rlnb.ppo.add_value_head)
 ) -> TrainingState:
     "Load weights, optimizer, scheduler, counters and RNG state saved by `save_checkpoint` (or set aside by a killed save)."
     if loader is not None: return loader(str(path), model, optimizer, scheduler)
@@ -218,6 +221,12 @@ def load_checkpoint(
         res = set_peft_model_state_dict(model, weights)
         if getattr(res, "unexpected_keys", None): raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
     else: _load_full_weights(model, folder / "model.safetensors")
+    if meta.get("value_head") and value_head is None:
+        raise ValueError(f"load_checkpoint: {path} holds a value head (a PPO run); pass `value_head=` (rlnb.ppo.add_value_head gives a "
+                         "state one, registered with its optimizer, before loading)")
+    if value_head is not None:
+        if not meta.get("value_head"): raise ValueError(f"load_checkpoint: `value_head` was given but {path} holds none")
+        _load_full_weights(value_head, folder / "value_head.safetensors")
     device = model_device(model)
     parts = [("optimizer.pt", optimizer, lambda s: optimizer.load_state_dict(s)),
              ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)), ("rng.pt", restore_rng or None, _set_rng_state)]
@@ -227,4 +236,14 @@ def load_checkpoint(
         try: restore(state)
         except Exception as e: raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
     return TrainingState(iteration=meta["iteration"], global_step=meta["global_step"], model=model, optimizer=optimizer,
-                         scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])), metadata=meta["metadata"])
+                         scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])), metadata=meta["metadata"],
+                         value_head=value_head)
+
+# %% ../nbs/12_checkpoints.ipynb #88dbfc46
+def checkpoint_metadata(
+    path: str | Path,  # a checkpoint directory, as given to save_checkpoint
+) -> dict:  # weights ("lora"/"full"), iteration, global_step, value_head (bool), metadata, stats_history
+    "What a checkpoint's state.json says, without loading any weights (e.g. whether it holds a value head)."
+    folder = _checkpoint_folder(Path(path))
+    if folder is None: raise FileNotFoundError(f"checkpoint_metadata: {path} is not a checkpoint (no state.json)")
+    return {"value_head": False, **_read_meta(folder / "state.json")}

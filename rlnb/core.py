@@ -187,6 +187,7 @@ class TrainingState(NamedTuple):
     ref_model: Any = None  # reference model for KL, if any
     stats_history: tuple = ()  # TrainingStats of past steps
     metadata: dict | None = None  # e.g. the run's config
+    value_head: Any = None  # PPO's value head (hidden (..., H) -> (..., 1)), trained beside the policy; None without one
 
 # %% ../nbs/00_core.ipynb #bfee8ba5
 _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
@@ -254,6 +255,9 @@ class CollatedBatch(NamedTuple):
     ref_logprobs: Tensor | None  # (B, C) float or None: reference log-probs
     prompt_length: int  # P: the column where completions start
     advantages: Tensor | None = None  # (B,) or (B, C): set once per batch by training_step, before any micro-batch
+    old_values: Tensor | None = None  # (B, C) value-head predictions at sampling time (no grad): PPO's V(s_t), set once per batch
+    returns: Tensor | None = None  # (B, C) regression targets of the value head (GAE: advantages + old_values), set with them
+    values: Tensor | None = None  # (B, C) value-head predictions of the current forward pass, with grad (set per micro-batch)
 
 # %% ../nbs/00_core.ipynb #c0f06b84
 def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:

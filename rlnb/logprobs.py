@@ -6,6 +6,7 @@ Docs: https://rlnb.github.io/rlnb/logprobs.html.md"""
 
 # %% ../nbs/05_logprobs.ipynb #c96ec48f
 from __future__ import annotations
+from contextlib import contextmanager
 import torch
 from torch import Tensor
 
@@ -28,6 +29,23 @@ def _token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, with_ent
     return logprobs, entropy
 
 # %% ../nbs/05_logprobs.ipynb #6942c762
+@contextmanager
+def _final_hidden_states(model, capture: bool):
+    "While open, record the input of the model's output layer (its final hidden states) at every forward call."
+    seen = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0])) if capture else None
+    try: yield seen
+    finally:
+        if handle is not None: handle.remove()
+
+
+def _completion_hidden(seen: list, C: int, groups) -> Tensor:
+    "(b, C, H): the hidden state that predicts each completion token, from the calls `_final_hidden_states` recorded."
+    if groups is None: return seen[-1][:, -(C + 1):-1]  # one full pass, like its logits
+    first = seen[0][:, -1][groups[2]][:, None]  # (b, 1, H): each prompt's last position, re-indexed to its rows
+    return first if C == 1 else torch.cat([first, seen[1]], 1)
+
+
 def _full_pass_logits(model, ids: Tensor, mask: Tensor, C: int, params, keep: str | None) -> Tensor:
     "Logits (b, C, V) predicting the last C tokens, from one pass over prompt + completion (b, P+C)."
     kwargs = {"input_ids": ids, "attention_mask": mask}
@@ -58,7 +76,8 @@ def compute_logprobs_for_tokens(
     micro_batch_size: int | None = None,  # rows per forward pass; None = all B at once
     return_entropy: bool = False,  # also return the entropy (B, C) of each position's distribution
     share_prompts: bool = True,  # run each distinct prompt once and share its KV cache (same result; False = a full pass per row)
-) -> Tensor | tuple[Tensor, Tensor]:
+    value_head=None,  # a module (b, C, H) -> (b, C, 1): also return its values of the final hidden states, from the same pass
+) -> Tensor | tuple:  # logprobs (B, C) [, entropy (B, C)] [, values (B, C)]
     "Log-probs (B, C) of the completion tokens, float32, with gradient unless called under `torch.no_grad()`."
     fn = "compute_logprobs_for_tokens"
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2: raise ValueError(f"{fn}: `input_ids` must be a 2-d (B, T) tensor, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
@@ -83,15 +102,17 @@ def compute_logprobs_for_tokens(
     keep = _logits_to_keep_arg(params)
     device = model_device(model)
     share = share_prompts and _can_share_prompts(model)
-    logprobs, entropies = [], []
+    logprobs, entropies, values = [], [], []
     for s in range(0, B, mb):
         ids, mask = input_ids[s:s + mb].to(device), attention_mask[s:s + mb].to(device)
         first = min(int(mask.any(0).int().argmax()), T - C - 1)  # drop columns that are padding in every row
         ids, mask = ids[:, first:], mask[:, first:]
         groups = _distinct_prompts(ids[:, :-C], mask[:, :-C]) if share else None
-        if groups is None: logits = _full_pass_logits(model, ids, mask, C, params, keep)
-        else: logits = _shared_prompt_logits(model, ids, mask, C, groups, params)
+        with _final_hidden_states(model, value_head is not None) as seen:
+            if groups is None: logits = _full_pass_logits(model, ids, mask, C, params, keep)
+            else: logits = _shared_prompt_logits(model, ids, mask, C, groups, params)
         lp, ent = _token_logprobs(logits, ids[:, -C:], temperature, return_entropy)
         logprobs.append(lp); entropies.append(ent)
-    out = torch.cat(logprobs)  # (B, C)
-    return (out, torch.cat(entropies)) if return_entropy else out
+        if value_head is not None: values.append(value_head(_completion_hidden(seen, C, groups).float()).squeeze(-1))  # (b, C)
+    out = (torch.cat(logprobs),) + ((torch.cat(entropies),) if return_entropy else ()) + ((torch.cat(values),) if value_head is not None else ())
+    return out if len(out) > 1 else out[0]

@@ -6,11 +6,12 @@ Docs: https://rlnb.github.io/rlnb/rollouts.html.md"""
 
 # %% ../nbs/09_rollouts.ipynb #6dc2578d
 from __future__ import annotations
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from .tasks import TaskExample
 from .core import (Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState, collate, model_device,
                        pad_token_id)
 from .chat import format_prompt
@@ -21,7 +22,7 @@ from .rewards import _call, _check_scalar, _check_vector
 
 # %% auto #0
 __all__ = ['score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe', 'create_rollout', 'create_rollout_fn',
-           'create_prompt_loader', 'evaluate_accuracy', 'create_eval_fn']
+           'DataBuffer', 'create_prompt_loader', 'evaluate_accuracy', 'create_eval_fn']
 
 # %% ../nbs/09_rollouts.ipynb #5038b018
 def _as_list(x, name: str, fn: str) -> list:
@@ -213,6 +214,53 @@ def create_rollout_fn(
                                      batch_size=batch_size, system_prompt=system_prompt, generator=generator, template_fn=template_fn)
     return rollout_fn
 
+# %% ../nbs/09_rollouts.ipynb #66027dbb
+class DataBuffer:
+    "A dataset's prompts in seeded epochs, drawn `n` at a time; its `state_dict()` rides in checkpoints, so a resumed run draws what an uninterrupted one would."
+    def __init__(self,
+                 prompts: Sequence,  # the dataset: prompts, TaskExamples or Conversations (at least one)
+                 seed: int = 0):  # epoch k visits every prompt once, in an order seeded by (seed, k)
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+            raise TypeError(f"DataBuffer: `prompts` must be a list of prompts, got {type(prompts).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int): raise TypeError(f"DataBuffer: `seed` must be an int, got {seed!r}")
+        self.prompts, self.seed, self.drawn = list(prompts), seed, 0
+        if not self.prompts: raise ValueError("DataBuffer: `prompts` is empty; expected at least one prompt")
+        self._cached = (-1, None)  # (epoch, its order)
+
+    def _order(self, epoch: int) -> Tensor:
+        if self._cached[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._cached = (epoch, torch.randperm(len(self.prompts), generator=g))  # (N,)
+        return self._cached[1]
+
+    def prompts_at(self, start: int, n: int) -> list:
+        "The prompts at stream positions start .. start+n-1 (the stream is epoch after epoch), without drawing them."
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0: raise ValueError(f"DataBuffer: `n` must be an int >= 0, got {n!r}")
+        return [self.prompts[int(self._order(j // len(self.prompts))[j % len(self.prompts)])] for j in range(start, start + n)]
+
+    def get_prompts(self, n: int) -> list:
+        "The next `n` prompts of the stream; the buffer moves past them."
+        out = self.prompts_at(self.drawn, n)
+        self.drawn += n
+        return out
+
+    @property
+    def epoch(self) -> int: return self.drawn // len(self.prompts)
+
+    def state_dict(self) -> dict: return {"seed": self.seed, "drawn": self.drawn, "size": len(self.prompts)}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        "Continue from a saved position; the dataset (its size) and the seed must be the saved buffer's."
+        if not isinstance(state, Mapping) or not {"seed", "drawn", "size"} <= set(state):
+            raise ValueError(f"DataBuffer.load_state_dict: expected a dict with seed, drawn and size (from state_dict()), got {state!r}")
+        if (state["size"], state["seed"]) != (len(self.prompts), self.seed):
+            raise ValueError(f"DataBuffer.load_state_dict: the saved buffer had {state['size']} prompts and seed {state['seed']}; this one has "
+                             f"{len(self.prompts)} and seed {self.seed}: not the same stream")
+        self.drawn = int(state["drawn"])
+
+    def __len__(self) -> int: return len(self.prompts)
+    def __repr__(self) -> str: return f"DataBuffer({len(self.prompts)} prompts, seed={self.seed}, drawn={self.drawn}, epoch={self.epoch})"
+
 # %% ../nbs/09_rollouts.ipynb #453a3381
 def create_prompt_loader(
     source,  # a Task (fresh examples each iteration) or a list of prompts / TaskExamples (cycled in seeded epochs)
@@ -223,17 +271,21 @@ def create_prompt_loader(
     if not isinstance(prompts_per_step, int) or isinstance(prompts_per_step, bool) or prompts_per_step < 1:
         raise ValueError(f"create_prompt_loader: `prompts_per_step` must be an int >= 1, got {prompts_per_step!r}")
     if hasattr(source, "sample"): return lambda iteration: source.sample(prompts_per_step, seed=seed * 1_000_003 + iteration)
-    prompts = list(source)
-    if not prompts: raise ValueError("create_prompt_loader: `source` is an empty list of prompts")
-    n = len(prompts)
-    def prompt_loader(iteration: int) -> list:
-        out = []
-        for j in range(iteration * prompts_per_step, (iteration + 1) * prompts_per_step):
-            epoch, pos = divmod(j, n)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))  # (n,)
-            out.append(prompts[int(order[pos])])
-        return out
-    return prompt_loader
+    if hasattr(source, "__len__") and not isinstance(source, (str, bytes)) and len(source) == 0:
+        raise ValueError("create_prompt_loader: `source` is an empty list of prompts")
+    buffer = DataBuffer(source, seed)  # the same seeded epochs, read at the iteration's position
+    return lambda iteration: buffer.prompts_at(iteration * prompts_per_step, prompts_per_step)
+
+# %% ../nbs/09_rollouts.ipynb #6fa07efe
+def _split_prompts(items, fn: str = "train") -> list:
+    "prompt_loader output -> a list of prompts; a (prompts, answers) pair of strings becomes TaskExamples."
+    if isinstance(items, tuple) and len(items) == 2 and not hasattr(items, "_fields"):
+        prompts, answers = list(items[0]), list(items[1])
+        if len(prompts) != len(answers): raise ValueError(f"{fn}: `prompt_loader` returned {len(prompts)} prompts but {len(answers)} answers")
+        return [TaskExample(p, a) if isinstance(p, str) else p for p, a in zip(prompts, answers)]
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__len__"):
+        raise TypeError(f"{fn}: `prompt_loader` must return a list of prompts (or a (prompts, answers) pair), got {type(items).__name__}")
+    return list(items)
 
 # %% ../nbs/09_rollouts.ipynb #95ccee46
 def evaluate_accuracy(

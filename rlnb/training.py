@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/13_training.ipynb #24c6f21f
 from __future__ import annotations
-import inspect, json, math, os, time, warnings
+import json, math, os, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -16,15 +16,16 @@ from torch import Tensor
 from .core import (Batch, CollatedBatch, Conversation, GenerationConfig, ModelConfig, TrainingConfig, TrainingState,
                        TrainingStats, collate, create_training_config, group_stats, is_peft_model,
                        model_device, pad_token_id, set_seed)
-from .tasks import Task, TaskExample, get_task
+from .tasks import Task, get_task
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
-from .rollouts import create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn
-from .algorithms import ALGORITHMS, compute_loss_by_algorithm, create_algorithm_config
+from .rollouts import DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn, _split_prompts
+from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
+from .ppo import add_value_head
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import create_jsonl_logger, create_progress_logger, load_metrics
-from .checkpoints import checkpoint_exists, load_checkpoint, save_checkpoint
+from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint, save_checkpoint
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
@@ -146,14 +147,6 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation)
     return [(i, len(i) / B) for i in chunks]
 
 
-def _batch_advantages(cb: CollatedBatch, algorithm_config: Mapping) -> Tensor | None:
-    "The registered algorithm's advantages over the whole batch (None for an algorithm that is not registered)."
-    spec = ALGORITHMS.get(algorithm_config.get("name"))
-    if spec is None: return None
-    params = inspect.signature(spec.advantage_fn).parameters
-    return spec.advantage_fn(cb.rewards, cb.group_ids, **{k: v for k, v in algorithm_config.items() if k in params and k not in ("rewards", "group_ids")})
-
-
 def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, float]:
     "Mean and std of the raw rewards (per component for vectors) and the fraction of groups with no spread in the used ones."
     out = {}
@@ -207,19 +200,26 @@ def training_step(
     C, T = cb.completion_ids.shape[1], cfg.temperature
     if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:  # Dr. GRPO: the budget, not the longest row
         algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, C)}
+    spec = ALGORITHMS.get(algo.get("name"))
+    if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs (e.g. after GRPO)
+    head = state.value_head if spec is not None and spec.value_head else None
     with torch.no_grad():  # 3.
-        if cb.old_logprobs is None and cfg.updates_per_batch > 1:
+        if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
+            old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size, value_head=head)
+            cb = cb._replace(old_logprobs=old if cb.old_logprobs is None else cb.old_logprobs, old_values=values)
+        elif cb.old_logprobs is None and cfg.updates_per_batch > 1:
             cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
         if cb.ref_logprobs is None and state.ref_model is not None:
             cb = cb._replace(ref_logprobs=get_reference_logprobs(state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
-        cb = cb._replace(advantages=_batch_advantages(cb, algo))
+        if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"))
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
     for update in range(cfg.updates_per_batch):  # 4.
         totals, loss_value = {}, 0.0
         for idx, weight in chunks:
             mb = _select(cb, idx)
-            logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, C, temperature=T)  # (b, C), with grad
+            logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, C, temperature=T, value_head=head)  # (b, C), with grad
+            if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])  # PPO: values from the same pass
             loss, metrics = loss_fn(mb, logprobs, algo)
             if not (isinstance(loss, Tensor) and loss.requires_grad):
                 raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the log-probs passed to the loss function")
@@ -279,17 +279,6 @@ def training_iteration(
     return new_state._replace(iteration=state.iteration + 1, stats_history=history), batch, stats
 
 # %% ../nbs/13_training.ipynb #e892bc40
-def _split_prompts(items, fn: str = "train") -> list:
-    "prompt_loader output -> a list of prompts; a (prompts, answers) pair of strings becomes TaskExamples."
-    if isinstance(items, tuple) and len(items) == 2 and not hasattr(items, "_fields"):
-        prompts, answers = list(items[0]), list(items[1])
-        if len(prompts) != len(answers): raise ValueError(f"{fn}: `prompt_loader` returned {len(prompts)} prompts but {len(answers)} answers")
-        return [TaskExample(p, a) if isinstance(p, str) else p for p, a in zip(prompts, answers)]
-    if isinstance(items, (str, bytes)) or not hasattr(items, "__len__"):
-        raise TypeError(f"{fn}: `prompt_loader` must return a list of prompts (or a (prompts, answers) pair), got {type(items).__name__}")
-    return list(items)
-
-
 # hook given -> config fields it makes meaningless (they must stay at their defaults)
 _REPLACES = {"initial_state": ("model", "lora_r", "learning_rate", "lr_schedule", "warmup_steps", "weight_decay"),
              "model": ("model",), "prompt_loader": ("prompts_per_step",), "eval_fn": ("eval_size",),
@@ -355,7 +344,7 @@ def train(
     model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
     tokenizer=None,  # its tokenizer (required with `model` or `initial_state`)
     initial_state: TrainingState | None = None,  # a ready state (model, optimizer, ...) instead of `model`
-    prompts: Sequence | None = None,  # a fixed list of prompts (or TaskExamples) to cycle through, in seeded epochs
+    prompts: Sequence | DataBuffer | None = None,  # a fixed list of prompts (or TaskExamples) read in seeded epochs, or a DataBuffer
     prompt_loader: Callable | None = None,  # iteration -> prompts; None = `prompts`, else config.task's sampler
     rollout_fn: Callable | None = None,  # (model, tokenizer, prompts, config) -> Batch; None = create_rollout_fn(...)
     reward_fn: Callable | None = None,  # rollout -> reward; None = config.task's
@@ -415,12 +404,18 @@ def train(
     threads = torch.get_num_threads()
     torch.set_num_threads(default_num_threads(state.model, config.num_threads))
     if config.resume:
-        loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler)
+        if checkpoint_metadata(ckpt_path)["value_head"]: state = add_value_head(state)  # a run that had reached PPO
+        loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
         state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
+        if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
+            if "data_buffer" not in state.metadata: raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
+            prompts.load_state_dict(state.metadata["data_buffer"])
         dropped = _drop_rows_after(metrics_path, state.iteration)
         print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
               + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
-    if prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
+    buffer = prompts if isinstance(prompts, DataBuffer) else None
+    if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
+    elif prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
     run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong penalty
     if rollout_fn is None:
         reward = reward_fn or task.reward_fn
@@ -430,12 +425,15 @@ def train(
     elif run["overlong_buffer"]: raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; set overlong_buffer=0")
     if run["dynamic_sampling"]:
         rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"], run["max_sampling_rounds"],
-                                                prompt_source=None if own_prompts else task)
+                                                prompt_source=(lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task)
     if eval_fn is None and config.eval_every and not own_prompts:
         eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
     if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
     if progress: loggers.append(create_progress_logger(config.num_iterations))
     if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
+    if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
+        save = checkpoint_fn
+        checkpoint_fn = lambda s: save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
     try: return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
                       ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook, stop_fn)
     finally: torch.set_num_threads(threads)

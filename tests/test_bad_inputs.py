@@ -176,7 +176,7 @@ case("pg/NaN logprobs on kept tokens", ValueError, ["logprobs", "finite"],
      lambda t: algorithms.compute_policy_gradient_loss(lp(fill=nan), torch.ones(2), mask()))
 case("pg/advantages inf", ValueError, ["advantages", "finite"],
      lambda t: algorithms.compute_policy_gradient_loss(lp(), torch.tensor([inf, 1.0]), mask()))
-case("algo/unknown algorithm", ValueError, ["'ppo'", "known"], lambda t: algorithms.create_algorithm_config("ppo"))
+case("algo/unknown algorithm", ValueError, ["'a2c'", "known"], lambda t: algorithms.create_algorithm_config("a2c"))
 case("algo/unknown option", ValueError, "clip_epsilon", lambda t: algorithms.create_algorithm_config("grpo", clip_epsilon=0.3))
 case("algo/config without name", ValueError, "name",
      lambda t: algorithms.compute_loss_by_algorithm(core.collate([ro()], 0), lp(1, 2), {"clip_eps": 0.2}))
@@ -308,7 +308,7 @@ def run(t=None, **kw):
     return training.train(cfg, **({"model": model(), "tokenizer": tok()} | kw), progress=False)
 case("train/group_size=1", ValueError, "group_size", lambda t: run(config=small(group_size=1)))
 case("train/group_size=0", ValueError, "group_size", lambda t: run(config=dict(group_size=0)))
-case("train/unknown algorithm", ValueError, ["'ppo'", "algorithm"], lambda t: run(config=small(algorithm="ppo")))
+case("train/unknown algorithm", ValueError, ["'a2c'", "algorithm"], lambda t: run(config=small(algorithm="a2c")))
 case("train/unknown algorithm option", ValueError, "clip_epsilon",
      lambda t: run(config=small(algorithm_options={"clip_epsilon": 0.3})))
 case("train/unknown task", ValueError, ["'nope'", "task"], lambda t: run(config=small(task="nope")))

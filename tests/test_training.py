@@ -169,3 +169,24 @@ def test_switching_across_algorithms_mid_run():
     state = train(create_training_config(**{**SMALL, "num_iterations": 4}), algorithm_config=lambda it: create_algorithm_config(names[it]),
                   logger=lambda s, st: seen.append(st.custom_metrics["algorithm"]), progress=False)
     assert seen == names and state.global_step == 4
+
+
+def test_a_data_buffer_resumes_the_prompt_stream_exactly(tmp_path):
+    "With dynamic sampling drawing extra prompts, a run resumed from iteration 2 draws the prompts (and ends with the weights) of a run of 4."
+    from rlnb.rollouts import DataBuffer
+    data = TASK.sample(30, seed=7)
+    cfg = dict(**{**SMALL, "num_iterations": 4}, dynamic_sampling=True, over_sampling_factor=2)
+
+    def run(n, out, resume=False):
+        seen = []
+        state = train(create_training_config(**{**cfg, "num_iterations": n}, output_dir=str(tmp_path / out), resume=resume),
+                      prompts=DataBuffer(data, seed=3), iteration_hook=lambda s, b: seen.append(sorted({r.prompt for r in b.rollouts})),
+                      progress=False)
+        return state, seen
+
+    full, seen_full = run(4, "a")
+    run(2, "b")
+    resumed, seen_resumed = run(4, "b", resume=True)
+    assert seen_resumed == seen_full[2:]
+    for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
+        if "lora_" in n: assert torch.equal(a, b), n
