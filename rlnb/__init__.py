@@ -6,12 +6,15 @@ shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models`
 prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards and the
 reward transform), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
 prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`
-(RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.loggers` (loggers, metrics, plots),
+(RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.loggers` (loggers, metrics, plots),
 `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
-same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model).
+same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model), `rlnb.experiments`
+(papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep`
+command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer).
 
 Modules:
 
+- `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
 - `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss."""
 
 __version__ = "0.0.1"
@@ -38,3 +41,6 @@ from .training import *
 from .sft import *
 from .quickstart import *
 from .tiny import *  # registers "tiny" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
+from .widgets import *  # the training dashboard
+from .viewer import *  # the rollout viewer
+from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)

@@ -77,7 +77,8 @@ def compute_grpo_advantages(
     if scale == "none": return centered
     if scale == "batch": std = r.std() if len(r) > 1 else r.new_zeros(())
     else: std = stats.std[stats.index]  # (B,)
-    return torch.where(centered == 0, centered, centered / (std + eps))  # 0 stays 0 even with eps=0
+    denom = std + eps  # 0 only with eps=0 and a spread too small for float32 (its square underflows)
+    return torch.where((centered == 0) | (denom == 0), torch.zeros_like(centered), centered / denom)  # 0 stays 0 even with eps=0
 
 # %% ../nbs/10_algorithms.ipynb #66eb4567
 def compute_advantages(

@@ -127,7 +127,7 @@ class TrainingConfig(NamedTuple):
     algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
     algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
     beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
-    num_iterations: int = 200  # rollout-then-update iterations
+    num_iterations: int = 800  # rollout-then-update iterations
     prompts_per_step: int = 16  # distinct prompts per iteration
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
@@ -136,8 +136,8 @@ class TrainingConfig(NamedTuple):
     over_sampling_factor: float | None = None  # prompts per missing group in each sampling round (None: the algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
     overlong_buffer: int | None = None  # reward ramps to -1 over this many tokens before max_new_tokens (None: the algorithm's; 0, dapo 4)
-    learning_rate: float = 2e-3  # peak learning rate (AdamW)
-    lr_schedule: str = "constant"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
+    learning_rate: float = 3e-3  # peak learning rate (AdamW)
+    lr_schedule: str = "cosine"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
     warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping threshold (0: off)

@@ -1,4 +1,4 @@
-"""Watching a run: one record per step, written to the console, a crash-proof JSONL file, Weights & Biases or a plain-text progress line, and read back into pandas for plots.
+"""Watching a run: one record per step, written to the console, a crash-proof JSONL file, Weights & Biases, TensorBoard or a plain-text progress line, and read back into pandas for plots.
 
 Docs: https://rlnb.github.io/rlnb/loggers.html.md"""
 
@@ -14,7 +14,7 @@ from .core import TrainingState, TrainingStats
 
 # %% auto #0
 __all__ = ['metrics_record', 'log_to_console', 'create_jsonl_logger', 'load_metrics', 'update_ema_metrics', 'log_to_wandb',
-           'create_progress_logger', 'plot_metrics']
+           'create_progress_logger', 'plot_metrics', 'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/11_loggers.ipynb #05a15ce3
 def metrics_record(state: TrainingState, stats: TrainingStats) -> dict:
@@ -200,3 +200,67 @@ def plot_metrics(
     if title: fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/11_loggers.ipynb #fc7c4965
+def _wandb_records(path: Path):
+    "The protobuf records of a .wandb file: a 7-byte ':W&B' header, then LevelDB log blocks (records in pieces)."
+    from wandb.proto import wandb_internal_pb2
+    data, block = path.read_bytes(), 32768
+    if data[:4] != b":W&B": raise ValueError(f"load_wandb_metrics: {path} is not a W&B run file (no ':W&B' header)")
+    pos, part = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7: pos += block - pos % block; continue  # too short for a header: block padding
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]  # (checksum: 4 bytes first)
+        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0: continue  # zeros: space not written yet
+        part = payload if kind in (1, 2) else part + payload  # FULL and FIRST start a record, MIDDLE and LAST extend it
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            yield record
+
+# %% ../nbs/11_loggers.ipynb #9a63a23c
+def load_wandb_metrics(
+    path: str | Path,  # an offline run's folder (wandb/offline-run-...), a folder holding one, or its run-*.wandb file
+):
+    "The history of a W&B run read from its local .wandb file (no network, no account): a DataFrame, one row per step."
+    import pandas as pd
+    path = Path(path)
+    files = [path] if path.is_file() else sorted({f.resolve() for f in path.glob("**/run-*.wandb")})
+    if len(files) != 1:
+        raise ValueError(f"load_wandb_metrics: expected one run-*.wandb file in {path}, found {len(files)}: "
+                         f"{[str(f) for f in files[:4]]}")
+    rows = []
+    for record in _wandb_records(files[0]):
+        if record.WhichOneof("record_type") != "history": continue
+        row = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json) for i in record.history.item}
+        rows.append({"step": row.pop("_step", None), **{k: v for k, v in row.items() if not k.startswith("_")}})
+    return pd.DataFrame(rows)
+
+# %% ../nbs/11_loggers.ipynb #28b37872
+def create_tensorboard_logger(
+    log_dir: str | Path,  # the run's folder (point `tensorboard --logdir` at it or at its parent)
+    flush_every_s: float = 10.0,  # write buffered events to disk at least this often (and at the run's last iteration)
+    writer=None,  # a SummaryWriter (torch.utils.tensorboard or tensorboardX) to use; None = a new one for log_dir
+) -> Callable[[TrainingState, TrainingStats], None]:
+    "A logger writing every number of `metrics_record(state, stats)` as a TensorBoard scalar, and the config as text."
+    if writer is None:
+        try: from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError("create_tensorboard_logger: the optional dependency `tensorboard` is not installed; "
+                              "`pip install tensorboard` or use create_jsonl_logger") from None
+        writer = SummaryWriter(log_dir=str(log_dir), flush_secs=max(1, round(flush_every_s)))
+    wrote_config = []
+
+    def log(state: TrainingState, stats: TrainingStats) -> None:
+        record, config = metrics_record(state, stats), (state.metadata or {}).get("config")
+        if config is not None and not wrote_config:
+            fields = config._asdict() if hasattr(config, "_asdict") else dict(config)
+            writer.add_text("config", "\n".join(f"    {k} = {v!r}" for k, v in fields.items()), record["step"])
+            wrote_config.append(True)
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                writer.add_scalar(name, value, record["step"])
+        if state.iteration >= getattr(config, "num_iterations", math.inf): writer.flush()
+    log.writer, log.log_dir = writer, Path(log_dir)
+    return log

@@ -16,7 +16,7 @@ CHANGES = {  # field -> a value different from BASE's (or the default)
     "model": "tiny-perturbed", "task": "reverse", "algorithm": "dr_grpo", "algorithm_options": {"scale": "none"}, "beta": 0.5,
     "num_iterations": 3, "prompts_per_step": 3, "group_size": 3, "temperature": 0.5, "max_new_tokens": 2, "dynamic_sampling": True, "over_sampling_factor": 2.0,
     "max_sampling_rounds": 2, "overlong_buffer": 5,
-    "learning_rate": 1e-3, "lr_schedule": "cosine", "warmup_steps": 2, "weight_decay": 0.5, "max_grad_norm": 1e-4,
+    "learning_rate": 1e-3, "lr_schedule": "constant", "warmup_steps": 2, "weight_decay": 0.5, "max_grad_norm": 1e-4,
     "lora_r": 4, "updates_per_batch": 2, "micro_batch_size": 3, "seed": 1, "eval_every": 1, "eval_size": 1,
     "output_dir": "OUT", "checkpoint_every": 1, "resume": True, "max_seconds": 1e-6, "num_threads": 2,
 }

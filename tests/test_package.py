@@ -23,20 +23,26 @@ PUBLIC = {
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
           "create_periodic_updater update_reference_model",
-    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader evaluate_accuracy create_eval_fn",
+    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader DataBuffer evaluate_accuracy create_eval_fn",
     "sampling": "batch_groups nonzero_std_filter min_reward_filter diversity_filter length_filter combine_filters "
                 "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
-                  "create_grpo_config create_algorithm_config compute_loss_by_algorithm get_algorithm_config",
+                  "create_grpo_config create_algorithm_config compute_batch_advantages compute_loss_by_algorithm get_algorithm_config",
     "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss create_dapo_config "
                  "gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
     "dpo": "compute_dpo_pairs compute_dpo_loss dpo_policy_loss",
-    "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics create_progress_logger",
-    "checkpoints": "save_checkpoint load_checkpoint",
+    "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages compute_value_loss "
+           "compute_ppo_loss create_ppo_config PPO_DEFAULTS",
+    "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics create_progress_logger "
+               "create_tensorboard_logger load_wandb_metrics",
+    "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
     "training": "training_step training_iteration train create_optimizer default_num_threads",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
     "tiny": "load_tiny_model build_tokenizer build_tiny_model",
+    "experiments": "RunResult STATUS_FILE check_run_params run_name expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
+    "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",
+    "viewer": "view_rollouts token_values tokens_html colorbar_html rollout_html group_html RolloutViewer QUANTITY_STYLES",
 }
 
 

@@ -96,10 +96,11 @@ def test_resume_continues_the_step_count_and_the_log_without_duplicates(tmp_path
 
 
 def test_resume_is_exact(tmp_path):
-    "A run stopped after 2 iterations and resumed to 4 ends with the same weights as a run of 4."
-    full = train(create_training_config(**{**SMALL, "num_iterations": 4}, output_dir=str(tmp_path / "a")), progress=False)
-    train(create_training_config(**{**SMALL, "num_iterations": 2}, output_dir=str(tmp_path / "b")), progress=False)
-    resumed = train(create_training_config(**{**SMALL, "num_iterations": 4}, output_dir=str(tmp_path / "b"), resume=True), progress=False)
+    "A run of 4 stopped after 2 iterations (a checkpoint, as at a crash) and resumed ends with the same weights as a run of 4."
+    cfg = {**SMALL, "num_iterations": 4}  # the same config throughout: the cosine schedule's length is part of the run
+    full = train(create_training_config(**cfg, output_dir=str(tmp_path / "a")), progress=False)
+    train(create_training_config(**cfg, output_dir=str(tmp_path / "b")), stop_fn=lambda s, m: s.iteration >= 2, progress=False)
+    resumed = train(create_training_config(**cfg, output_dir=str(tmp_path / "b"), resume=True), progress=False)
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         if "lora_" in n: assert torch.equal(a, b), n
 
@@ -177,16 +178,16 @@ def test_a_data_buffer_resumes_the_prompt_stream_exactly(tmp_path):
     data = TASK.sample(30, seed=7)
     cfg = dict(**{**SMALL, "num_iterations": 4}, dynamic_sampling=True, over_sampling_factor=2)
 
-    def run(n, out, resume=False):
+    def run(out, resume=False, stop_at=None):
         seen = []
-        state = train(create_training_config(**{**cfg, "num_iterations": n}, output_dir=str(tmp_path / out), resume=resume),
+        state = train(create_training_config(**cfg, output_dir=str(tmp_path / out), resume=resume),
                       prompts=DataBuffer(data, seed=3), iteration_hook=lambda s, b: seen.append(sorted({r.prompt for r in b.rollouts})),
-                      progress=False)
+                      stop_fn=None if stop_at is None else lambda s, m: s.iteration >= stop_at, progress=False)
         return state, seen
 
-    full, seen_full = run(4, "a")
-    run(2, "b")
-    resumed, seen_resumed = run(4, "b", resume=True)
+    full, seen_full = run("a")
+    run("b", stop_at=2)
+    resumed, seen_resumed = run("b", resume=True)
     assert seen_resumed == seen_full[2:]
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         if "lora_" in n: assert torch.equal(a, b), n

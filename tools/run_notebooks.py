@@ -21,7 +21,8 @@ def run(path: Path, timeout: int, skip_flagged: bool) -> float:
             if cell.cell_type == "code" and any(f in cell.source for f in FLAGS):
                 skipped.append(cell); cell.metadata["_skip_source"] = cell.source; cell.source = "# (skipped: flagged cell)"
     t0 = time.time()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,  # widget state: megabytes, no use on GitHub
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
     for cell in skipped: cell.source = cell.metadata.pop("_skip_source"); cell.outputs = []
     nbformat.write(nb, path)
     return time.time() - t0
