@@ -1,5 +1,5 @@
 "Real trackers behind the logger interface: W&B offline and TensorBoard, each read back from the files it wrote."
-import functools, math
+import functools, math, time
 
 import pytest
 
@@ -21,6 +21,16 @@ def offline(monkeypatch, tmp_path):
     if wandb.run is not None: wandb.finish()
 
 
+def finished(tmp_path, timeout=30.0):
+    "The run's .wandb file once W&B's writer (a separate process) has written its `exit` record; `finish()` may return first."
+    deadline = time.monotonic() + timeout
+    while True:
+        files = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+        if len(files) == 1 and any(r.WhichOneof("record_type") == "exit" for r in _wandb_records(files[0])): return files[0]
+        assert time.monotonic() < deadline, f"no finished W&B run file under {tmp_path} after {timeout} s: {files}"
+        time.sleep(0.2)
+
+
 def step(iteration, **metrics):
     "The (state, stats) pair train would log after `iteration` iterations."
     return TrainingState(iteration, iteration, None, None), TrainingStats(0.0, 1.0, 1e-3, 0.0, 0.0, 0.0, metrics)
@@ -32,6 +42,7 @@ def test_log_to_wandb_writes_each_metric_at_its_step(offline, tmp_path):
         offline(*step(it, **{"reward/mean": it / 10, "kl/mean": it / 1000, "algorithm": "grpo", "ok": True}))
     offline(*step(5, **{"eval/accuracy": 0.5}))  # an evaluation after the last step joins its row
     wandb.finish()
+    finished(tmp_path)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
     records = list(_wandb_records(next(runs[0].glob("run-*.wandb"))))
@@ -51,7 +62,7 @@ def test_load_wandb_metrics_reads_records_across_blocks(offline, tmp_path):
     metrics = {f"metric/{k}": k for k in range(12)}
     for it in range(1, 401): offline(*step(it, **{**metrics, "reward/mean": it / 400}))
     wandb.finish()
-    file = next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    file = finished(tmp_path)
     assert file.stat().st_size > 3 * 32768
     df = load_wandb_metrics(tmp_path)  # the wandb dir's parent: one run is found (latest-run is the same file)
     assert df["step"].tolist() == list(range(1, 401))
@@ -99,6 +110,7 @@ def test_wandb_and_tensorboard_in_a_real_run(offline, tmp_path):
     tb = create_tensorboard_logger(tmp_path / "tb")
     train(config, logger=[offline, tb, jsonl], progress=False)
     wandb.finish()
+    finished(tmp_path)
     expected = load_metrics(jsonl.path)
     steps, evals = expected.dropna(subset=["reward/mean"]), expected.dropna(subset=["eval/accuracy"])
     assert len(steps) == 3 and evals["step"].tolist() == [0, 3]
