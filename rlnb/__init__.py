@@ -3,8 +3,8 @@
 Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
 shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers,
 `MODEL_LOADERS`, LoRA), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
-prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards and the
-reward transform), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
+prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards, Pareto ranks and the
+reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
 prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`
 (RLOO, REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.loggers` (loggers, metrics, plots),
 `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
@@ -41,6 +41,7 @@ from .training import *
 from .sft import *
 from .quickstart import *
 from .tiny import *  # registers "tiny" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
+from .reward_models import *  # reward models: batched scoring, the tiny Bradley-Terry reward model
 from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)

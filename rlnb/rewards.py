@@ -18,9 +18,9 @@ from .tasks import parse_number
 # %% auto #0
 __all__ = ['NORMALIZERS', 'compute_scalar_reward', 'compute_vector_reward', 'compute_batch_rewards', 'mean_aggregator',
            'min_aggregator', 'max_aggregator', 'weighted_sum_aggregator', 'aggregate_vector_rewards',
-           'zscore_normalizer', 'minmax_normalizer', 'rank_normalizer', 'normalize_rewards', 'apply_reward_shaping',
-           'kl_penalty_shaping', 'format_reward', 'exact_match_reward', 'length_penalty_reward', 'tool_usage_reward',
-           'create_reward_transform']
+           'zscore_normalizer', 'minmax_normalizer', 'rank_normalizer', 'normalize_rewards', 'pareto_ranks',
+           'pareto_reward', 'apply_reward_shaping', 'kl_penalty_shaping', 'format_reward', 'exact_match_reward',
+           'length_penalty_reward', 'tool_usage_reward', 'create_reward_transform']
 
 # %% ../nbs/07_rewards.ipynb #c426d95c
 def _fn_name(fn) -> str:
@@ -261,6 +261,48 @@ def normalize_rewards(
     if not torch.isfinite(out).all(): raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned NaN or inf")
     return out
 
+# %% ../nbs/07_rewards.ipynb #90bdf1d9
+def _group_index(rewards: Tensor, group_ids, caller: str) -> Tensor:
+    "(B,) group labels 0..G-1 of the rows of (B,) or (B, K) `rewards`, after the shape, finiteness and id checks."
+    K = 1 if rewards.ndim == 1 else rewards.shape[-1]
+    if K == 0: raise ValueError(f"{caller}: `rewards` has shape {tuple(rewards.shape)}, expected (B, K) with K >= 1")
+    labels = _group_layout(rewards, group_ids, caller)[1]  # (B*K,) = group * K + component
+    return labels.view(rewards.shape[0], K)[:, 0] // K
+
+
+def pareto_ranks(
+    rewards: Tensor,  # (B, K) reward vectors; (B,) counts as K = 1
+    group_ids: Tensor | Sequence[int] | None = None,  # (B,) ids: rollouts are compared within their group only
+    maximize: bool = True,  # False: smaller is better in every component
+) -> Tensor:
+    "Each rollout's Pareto front within its group, (B,) long: 0 = nobody dominates it, 1 = only front 0 does, ..."
+    r = _as_reward_tensor(rewards, "pareto_ranks")
+    if not isinstance(maximize, bool): raise TypeError(f"pareto_ranks: `maximize` must be a bool, got {maximize!r}")
+    g = _group_index(r, group_ids, "pareto_ranks")  # (B,)
+    r = (r if maximize else -r).reshape(len(r), -1)  # (B, K)
+    ri, rj = r[:, None, :], r[None, :, :]  # (B, 1, K) against (1, B, K)
+    dominated = (g[:, None] == g[None, :]) & (rj >= ri).all(-1) & (rj > ri).any(-1)  # (B, B): j dominates i
+    ranks = torch.full((len(r),), -1, dtype=torch.long, device=r.device)
+    remaining = torch.ones(len(r), dtype=torch.bool, device=r.device)
+    for front in range(len(r)):  # dominance is acyclic: each pass peels at least one row, so B passes suffice
+        current = remaining & ~(dominated & remaining[None, :]).any(1)  # (B,) no remaining dominator
+        ranks[current] = front
+        remaining &= ~current
+        if not remaining.any(): break
+    return ranks
+
+# %% ../nbs/07_rewards.ipynb #4302df27
+def pareto_reward(
+    rewards: Tensor,  # (B, K) reward vectors; (B,) counts as K = 1
+    group_ids: Tensor | Sequence[int] | None = None,  # (B,) ids: fronts are taken within each group
+    maximize: bool = True,  # False: smaller is better in every component
+) -> Tensor:
+    "(B,) float in [0, 1]: 1 - front / (the group's last front); 1.0 for a group with a single front."
+    ranks = pareto_ranks(rewards, group_ids, maximize)  # (B,) validated here
+    g = _group_index(_as_reward_tensor(rewards, "pareto_reward"), group_ids, "pareto_reward")  # (B,)
+    last = torch.zeros(int(g.max()) + 1, dtype=torch.long, device=g.device).scatter_reduce(0, g, ranks, "amax")[g]
+    return 1.0 - ranks.float() / last.clamp_min(1).float()
+
 # %% ../nbs/07_rewards.ipynb #ed99ee68
 def apply_reward_shaping(
     rollouts: Rollout | Sequence[Rollout] | Batch,  # one rollout, or B of them
@@ -391,7 +433,7 @@ def tool_usage_reward(
 
 # %% ../nbs/07_rewards.ipynb #612f3a08
 def create_reward_transform(
-    aggregator: Callable[[Tensor], Tensor] | None = None,  # (..., K) -> (...): turns vector rewards into scalars
+    aggregator: Callable[[Tensor], Tensor] | str | None = None,  # (..., K) -> (...), or "pareto" (`pareto_reward`)
     weights: Sequence[float] | None = None,  # shorthand for aggregator=weighted_sum_aggregator(weights)
     shaping_fn: Callable[[Rollout, float], float] | None = None,  # (rollout, reward) -> shaped reward
     normalizer: str | Callable | None = None,  # "zscore", "minmax", "rank" or rewards -> rewards, within each group
@@ -400,11 +442,14 @@ def create_reward_transform(
     fn = "create_reward_transform"
     if aggregator is not None and weights is not None: raise ValueError(f"{fn}: pass `aggregator` or `weights`, not both")
     if isinstance(normalizer, str) and normalizer not in NORMALIZERS: raise ValueError(f"{fn}: unknown `normalizer` {normalizer!r}; expected one of {sorted(NORMALIZERS)} or a function")
+    if isinstance(aggregator, str) and aggregator != "pareto":
+        raise ValueError(f"{fn}: unknown `aggregator` {aggregator!r}; expected 'pareto' or a function")
     vector = aggregator is not None or weights is not None
     def reward_transform(rewards: Tensor, group_ids: Tensor, rollouts: Sequence[Rollout]) -> Tensor:
         r = _as_reward_tensor(rewards, "reward_transform")
         if r.ndim == 2 and not vector: raise ValueError(f"reward_transform: rewards have {r.shape[1]} components per rollout; build the transform with `weights` or an `aggregator`")
-        if r.ndim == 2: r = aggregate_vector_rewards(r, aggregator, weights)  # (B,)
+        if isinstance(aggregator, str): r = pareto_reward(r, group_ids)  # (B,) front in the group; (B,) is K = 1
+        elif r.ndim == 2: r = aggregate_vector_rewards(r, aggregator, weights)  # (B,)
         if shaping_fn is not None: r = apply_reward_shaping(list(rollouts), r, shaping_fn).to(r.device)  # (B,)
         if normalizer is None: return r
         if isinstance(normalizer, str): return normalize_rewards(r, normalizer, group_ids=group_ids)

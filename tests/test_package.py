@@ -19,7 +19,9 @@ PUBLIC = {
     "tools": "generate_conversation_turn extract_tool_calls execute_tools",
     "rewards": "compute_scalar_reward compute_vector_reward aggregate_vector_rewards compute_batch_rewards "
                "normalize_rewards apply_reward_shaping format_reward exact_match_reward length_penalty_reward "
-               "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform",
+               "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform pareto_ranks pareto_reward",
+    "reward_models": "load_reward_model compute_reward_model_score create_rm_reward_fn create_rm_rollout_fn preference_loss "
+                     "make_preference_pairs train_reward_model load_tiny_reward_model",
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
           "create_periodic_updater update_reference_model",
