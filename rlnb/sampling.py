@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib, math
 from typing import Callable, Sequence
 
-import torch
-
 from .core import Batch, Rollout, TrainingConfig
-from .rewards import _policy_length, aggregate_vector_rewards
-from .rewards import length_penalty_reward
+from .rollouts import DataBuffer
+from .rewards import _policy_length, aggregate_vector_rewards, length_penalty_reward
 
 # %% auto #0
 __all__ = ['batch_groups', 'nonzero_std_filter', 'min_reward_filter', 'diversity_filter', 'length_filter', 'combine_filters',
@@ -119,10 +117,7 @@ def create_prompt_source(
         raise TypeError(f"create_prompt_source: `source` must be a Task, a list of prompts or a function (n, seed) -> prompts, got {type(source).__name__}")
     prompts = list(source)
     if not prompts: raise ValueError("create_prompt_source: `source` is an empty list of prompts")
-    def prompt_source(n: int, seed: int) -> list:
-        order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(seed))  # (len(prompts),)
-        return [prompts[int(order[j % len(prompts)])] for j in range(n)]
-    return prompt_source
+    return lambda n, seed: DataBuffer(prompts, seed).prompts_at(0, n)  # the seed's stream of epochs, from its start
 
 # %% ../nbs/09b_sampling.ipynb #c0b29ee7
 def _prompt_key(prompt) -> str:

@@ -7,13 +7,11 @@ import torch
 
 from rlnb.algorithms import ALGORITHMS, create_algorithm_config
 from rlnb.checkpoints import checkpoint_metadata
-from rlnb.core import TrainingState, create_training_config, set_seed
-from rlnb.kl import create_reference_model
-from rlnb.models import apply_lora
+from rlnb.core import create_training_config
 from rlnb.ppo import compute_gae, compute_ppo_advantages, compute_value_loss
 from rlnb.tasks import get_task
-from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, train
+from rlnb.training import train
+from test_training import lora_policy  # the SFT tiny model with fresh LoRA adapters, AdamW and the LoRA reference
 
 torch.set_num_threads(1)
 TASK = get_task("addition")
@@ -75,14 +73,6 @@ def test_value_clip_by_hand_and_gradient():
     assert math.isclose(loss.item(), (0.08 + 0.045) / 2, rel_tol=1e-6) and m["value/clip_frac"] == 0.5
     loss.backward()
     torch.testing.assert_close(v.grad, torch.tensor([[-0.2, 0.0]]))
-
-
-def lora_policy(seed=0, lr=3e-3):
-    set_seed(seed)
-    model, tok = load_tiny_model("addition", progress=False)
-    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
-    opt, sched = create_optimizer(model, learning_rate=lr)
-    return TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model)), tok
 
 
 def test_ppo_learns_a_learnable_reward_and_its_value_head_learns_too():

@@ -1,7 +1,7 @@
 """Render nbs/index.ipynb to README.md (nbdev's own `nbdev-readme` needs the Quarto binary, which CI machines lack).
 
 Markdown cells are copied; code cells are shown as Python blocks unless they start with `#| hide`; cell directives
-(`#| ...`) are dropped and text outputs are shown below their cell. `--check` exits 1 if README.md is out of date.
+(`#| ...`) are dropped and text outputs (stderr aside) are shown below their cell. `--check` exits 1 if README.md is out of date.
 """
 import json, sys
 from pathlib import Path
@@ -20,6 +20,8 @@ def render(nb_path=root/"nbs"/"index.ipynb") -> str:
         elif cell["cell_type"] == "code":
             parts.append(f"```python\n{body}\n```")
             for out in cell.get("outputs", []):
+                if out.get("name") == "stderr" or "application/vnd.jupyter.widget-view+json" in out.get("data", {}):
+                    continue  # warnings and progress bars: not what the example shows
                 text = out.get("text") or out.get("data", {}).get("text/plain")
                 if text: parts.append("```\n" + "".join(text).rstrip() + "\n```")
     return "\n\n".join(parts) + "\n"
