@@ -203,7 +203,7 @@ def plot_metrics(
 
 # %% ../nbs/11_loggers.ipynb #fc7c4965
 def _wandb_records(path: Path):
-    "The protobuf records of a .wandb file: a 7-byte ':W&B' header, then LevelDB log blocks (records in pieces)."
+    "The protobuf records of a .wandb file (':W&B' header, LevelDB log blocks); a half-written last record is left out."
     from wandb.proto import wandb_internal_pb2
     data, block = path.read_bytes(), 32768
     if data[:4] != b":W&B": raise ValueError(f"load_wandb_metrics: {path} is not a W&B run file (no ':W&B' header)")
@@ -212,16 +212,21 @@ def _wandb_records(path: Path):
         if block - pos % block < 7: pos += block - pos % block; continue  # too short for a header: block padding
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]  # (checksum: 4 bytes first)
         payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if pos > len(data): return  # a torn tail: the writer has not finished this piece
         if kind == 0: continue  # zeros: space not written yet
         part = payload if kind in (1, 2) else part + payload  # FULL and FIRST start a record, MIDDLE and LAST extend it
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
-            record.ParseFromString(part)
+            try: record.ParseFromString(part)
+            except Exception:
+                if data[pos:].strip(b"\x00"): raise ValueError(f"load_wandb_metrics: {path} is corrupt at byte {pos}") from None
+                return  # the last record, half written
             yield record
 
 # %% ../nbs/11_loggers.ipynb #9a63a23c
 def load_wandb_metrics(
     path: str | Path,  # an offline run's folder (wandb/offline-run-...), a folder holding one, or its run-*.wandb file
+    wait_s: float = 10.0,  # wait up to this long for the run's `exit` record (0: read a live run as it stands)
 ):
     "The history of a W&B run read from its local .wandb file (no network, no account): a DataFrame, one row per step."
     import pandas as pd
@@ -230,8 +235,13 @@ def load_wandb_metrics(
     if len(files) != 1:
         raise ValueError(f"load_wandb_metrics: expected one run-*.wandb file in {path}, found {len(files)}: "
                          f"{[str(f) for f in files[:4]]}")
+    deadline = time.monotonic() + wait_s  # W&B's writer is another process: wandb.finish() may return before it is done
+    while True:
+        records = list(_wandb_records(files[0]))
+        if time.monotonic() >= deadline or any(r.WhichOneof("record_type") == "exit" for r in records): break
+        time.sleep(0.1)
     rows = []
-    for record in _wandb_records(files[0]):
+    for record in records:
         if record.WhichOneof("record_type") != "history": continue
         row = {"/".join(i.nested_key) if i.nested_key else i.key: json.loads(i.value_json) for i in record.history.item}
         rows.append({"step": row.pop("_step", None), **{k: v for k, v in row.items() if not k.startswith("_")}})

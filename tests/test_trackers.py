@@ -1,5 +1,5 @@
 "Real trackers behind the logger interface: W&B offline and TensorBoard, each read back from the files it wrote."
-import functools, math, time
+import functools, math
 
 import pytest
 
@@ -21,16 +21,6 @@ def offline(monkeypatch, tmp_path):
     if wandb.run is not None: wandb.finish()
 
 
-def finished(tmp_path, timeout=30.0):
-    "The run's .wandb file once W&B's writer (a separate process) has written its `exit` record; `finish()` may return first."
-    deadline = time.monotonic() + timeout
-    while True:
-        files = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-        if len(files) == 1 and any(r.WhichOneof("record_type") == "exit" for r in _wandb_records(files[0])): return files[0]
-        assert time.monotonic() < deadline, f"no finished W&B run file under {tmp_path} after {timeout} s: {files}"
-        time.sleep(0.2)
-
-
 def step(iteration, **metrics):
     "The (state, stats) pair train would log after `iteration` iterations."
     return TrainingState(iteration, iteration, None, None), TrainingStats(0.0, 1.0, 1e-3, 0.0, 0.0, 0.0, metrics)
@@ -42,13 +32,13 @@ def test_log_to_wandb_writes_each_metric_at_its_step(offline, tmp_path):
         offline(*step(it, **{"reward/mean": it / 10, "kl/mean": it / 1000, "algorithm": "grpo", "ok": True}))
     offline(*step(5, **{"eval/accuracy": 0.5}))  # an evaluation after the last step joins its row
     wandb.finish()
-    finished(tmp_path)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
+    df = load_wandb_metrics(runs[0])  # waits for the writer's `exit` record: wandb.finish() may return before it
     records = list(_wandb_records(next(runs[0].glob("run-*.wandb"))))
+    assert any(r.WhichOneof("record_type") == "exit" for r in records)
     run_records = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run_records and run_records[0].project == "rlnb-test"
-    df = load_wandb_metrics(runs[0])
     assert df["step"].tolist() == [0, 1, 2, 3, 4, 5]
     assert df["reward/mean"].tolist()[1:] == [0.1, 0.2, 0.3, 0.4, 0.5] and math.isnan(df["reward/mean"][0])
     assert df["kl/mean"].tolist()[1:] == [0.001, 0.002, 0.003, 0.004, 0.005]
@@ -62,9 +52,9 @@ def test_load_wandb_metrics_reads_records_across_blocks(offline, tmp_path):
     metrics = {f"metric/{k}": k for k in range(12)}
     for it in range(1, 401): offline(*step(it, **{**metrics, "reward/mean": it / 400}))
     wandb.finish()
-    file = finished(tmp_path)
-    assert file.stat().st_size > 3 * 32768
     df = load_wandb_metrics(tmp_path)  # the wandb dir's parent: one run is found (latest-run is the same file)
+    file = next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert file.stat().st_size > 3 * 32768
     assert df["step"].tolist() == list(range(1, 401))
     assert df["reward/mean"].tolist() == [it / 400 for it in range(1, 401)]
     assert (df["metric/11"] == 11).all()
@@ -110,7 +100,6 @@ def test_wandb_and_tensorboard_in_a_real_run(offline, tmp_path):
     tb = create_tensorboard_logger(tmp_path / "tb")
     train(config, logger=[offline, tb, jsonl], progress=False)
     wandb.finish()
-    finished(tmp_path)
     expected = load_metrics(jsonl.path)
     steps, evals = expected.dropna(subset=["reward/mean"]), expected.dropna(subset=["eval/accuracy"])
     assert len(steps) == 3 and evals["step"].tolist() == [0, 3]
@@ -128,3 +117,19 @@ def test_wandb_and_tensorboard_in_a_real_run(offline, tmp_path):
     text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "num_iterations = 3" in text and "eval_size = 8" in text
     tb.writer.close()
+
+
+def test_load_wandb_metrics_leaves_out_a_half_written_last_record(offline, tmp_path):
+    "The writer is another process: a file cut anywhere reads as the records before the cut, never as corrupt."
+    for it in range(1, 6): offline(*step(it, **{"reward/mean": it / 10}))
+    wandb.finish()
+    full = load_wandb_metrics(tmp_path)["reward/mean"].tolist()
+    assert full == [0.1, 0.2, 0.3, 0.4, 0.5]
+    data = next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()
+    cut = tmp_path / "cut" / "run-cut.wandb"
+    cut.parent.mkdir()
+    for end in range(len(data) - 1500, len(data), 7):  # through the last history rows, the summary and the exit record
+        cut.write_bytes(data[:end])
+        rows = load_wandb_metrics(cut, wait_s=0)
+        got = rows["reward/mean"].tolist() if len(rows) else []
+        assert got == full[:len(got)], (end, got)
