@@ -30,6 +30,7 @@ from .tools import *
 from .rewards import *
 from .kl import *
 from .rollouts import *
+from .multiturn import *  # multi-turn episodes, tool-call parsers, environments
 from .sampling import *
 from .algorithms import *
 from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ in ALGORITHMS
@@ -45,3 +46,4 @@ from .reward_models import *  # reward models: batched scoring, the tiny Bradley
 from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
+from .environments import *  # text, self-verification and conversation environments, simulated users

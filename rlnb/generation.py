@@ -203,17 +203,11 @@ def _can_share_prompts(model, custom_params: dict | None = None) -> bool:
     return "past_key_values" in _forward_parameters(model) and not ({"past_key_values", "cache_implementation"} & set(custom))
 
 # %% ../nbs/04_generation.ipynb #bd8c3dea
-def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
-                          eos_ids: list[int]) -> list[Generation]:
-    "One `model.generate` call for a few prompts, n samples each; generations in prompt-major order."
-    n = config.num_return_sequences
-    input_ids, attention_mask = left_pad(prompt_ids, pad_id, model_device(model))  # (N, P)
+def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
+                   eos_ids: list[int], past_key_values=None) -> tuple[list[Generation], Any]:
+    "One `model.generate` call on ready rows (R, T), one sample each, after an optional KV cache of their first columns."
     kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
-    if n > 1 and input_ids.shape[1] > 1 and _can_share_prompts(model, config.custom_params):
-        rows = torch.arange(len(prompt_ids), device=input_ids.device).repeat_interleave(n)  # (N*n,) each row's prompt
-        with torch.no_grad():  # prompts minus their last token, once each; generate runs the rest
-            _, kwargs["past_key_values"] = _prefill_prompts(model, input_ids[:, :-1], attention_mask[:, :-1], rows)
-    input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)  # (N*n, P)
+    if past_key_values is not None: kwargs["past_key_values"] = past_key_values
     sampling = config.do_sample and config.temperature > 0
     recorder = _LogprobRecorder(float(config.temperature) if sampling else 1.0) if config.logprobs else None
     if recorder is not None:  # first in the list, so it sees the model's raw logits
@@ -221,9 +215,9 @@ def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config:
     if config.stop_strings:  # our own criterion: transformers' `stop_strings` also matches text that starts in the prompt
         kwargs["stopping_criteria"] = list(kwargs.get("stopping_criteria") or []) + [_StopOnStrings(tokenizer, config.stop_strings, input_ids.shape[1])]
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-    new = out.sequences[:, input_ids.shape[1]:]  # (N*n, L): generated tokens, padding after a row's end
+    new = out.sequences[:, input_ids.shape[1]:]  # (R, L): generated tokens, padding after a row's end
     lengths, found_eos = _completion_lengths(new, eos_ids)
-    logprobs = recorder.result(out.sequences).cpu() if recorder is not None else None  # (N*n, L)
+    logprobs = recorder.result(out.sequences).cpu() if recorder is not None else None  # (R, L)
     new = new.cpu()
     rows, reasons = [], []
     for r in range(new.shape[0]):
@@ -234,7 +228,22 @@ def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config:
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
     return [Generation(text=texts[r], token_ids=rows[r], finish_reason=reasons[r],
                        logprobs=None if logprobs is None else logprobs[r, :len(rows[r])].tolist())
-            for r in range(len(rows))]
+            for r in range(len(rows))], out
+
+
+def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
+                          eos_ids: list[int]) -> tuple[list[Generation], Any, Tensor]:
+    "One `model.generate` call for a few prompts, n samples each: prompt-major generations, generate's output, the prompt mask."
+    n = config.num_return_sequences
+    input_ids, attention_mask = left_pad(prompt_ids, pad_id, model_device(model))  # (N, P)
+    cache = None
+    if n > 1 and input_ids.shape[1] > 1 and _can_share_prompts(model, config.custom_params):
+        rows = torch.arange(len(prompt_ids), device=input_ids.device).repeat_interleave(n)  # (N*n,) each row's prompt
+        with torch.no_grad():  # prompts minus their last token, once each; generate runs the rest
+            _, cache = _prefill_prompts(model, input_ids[:, :-1], attention_mask[:, :-1], rows)
+    input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)  # (N*n, P)
+    gens, out = _generate_rows(model, tokenizer, input_ids, attention_mask, config, pad_id, eos_ids, cache)
+    return gens, out, attention_mask
 
 # %% ../nbs/04_generation.ipynb #e80f96c7
 def batch_generate(
@@ -265,7 +274,7 @@ def batch_generate(
     with _generation_mode(model):
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
-            gens = _generate_micro_batch(model, tokenizer, [encoded[i] for i in chunk], config, pad_id, eos_ids)
+            gens = _generate_micro_batch(model, tokenizer, [encoded[i] for i in chunk], config, pad_id, eos_ids)[0]
             for k, i in enumerate(chunk):
                 per_prompt[i] = [g._replace(metadata={"prompt_index": i, "sample_index": j, "prompt_token_ids": encoded[i]})
                                  for j, g in enumerate(gens[k * n:(k + 1) * n])]

@@ -24,7 +24,7 @@ __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for
            'compute_reward_model_score', 'load_reward_model', 'create_rm_reward_fn', 'create_rm_rollout_fn',
            'PreferencePair', 'corrupt_answer', 'make_preference_pairs', 'make_policy_pairs', 'preference_loss',
            'pairwise_accuracy', 'train_reward_model', 'build_tiny_reward_model', 'tiny_reward_model_path',
-           'load_tiny_reward_model', 'read_tiny_reward_summary']
+           'load_tiny_reward_model', 'read_tiny_reward_summary', 'make_rollout_pairs']
 
 # %% ../nbs/07b_reward_models.ipynb #18ba309f
 def encode_for_scoring(
@@ -412,3 +412,20 @@ def load_tiny_reward_model(
 def read_tiny_reward_summary(path) -> dict:
     "The summary saved beside a tiny reward model: recipe, seconds, held-out pairwise accuracy."
     return json.loads((Path(path) / RM_SUMMARY_FILE).read_text())
+
+# %% ../nbs/07b_reward_models.ipynb #f9e7748f
+def make_rollout_pairs(
+    rollouts: Sequence[Rollout],  # an RL run's samples (e.g. collected with `create_rm_rollout_fn(on_batch=...)`)
+    check: Callable,  # check(completion_text, answer) -> bool: the labeller, e.g. a task's check (or a human's verdict)
+    exclude: set | None = None,  # prompts to skip, e.g. held-out questions
+) -> list[PreferencePair]:
+    "Pairs (prompt, reference answer) > (prompt, a sampled completion `check` rejects), each distinct completion once."
+    fn = "make_rollout_pairs"
+    if not callable(check): raise TypeError(f"{fn}: `check` must be callable (completion_text, answer) -> bool")
+    pairs, seen = [], set()
+    for r in rollouts:
+        prompt, completion = _rollout_text(r, fn)
+        if r.answer is None: raise ValueError(f"{fn}: a rollout of prompt {prompt[-40:]!r} has no `answer` to prefer")
+        if (prompt, completion) in seen or prompt in (exclude or ()) or check(completion, r.answer): continue
+        seen.add((prompt, completion)); pairs.append(PreferencePair(prompt, str(r.answer), completion))
+    return pairs

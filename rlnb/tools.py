@@ -135,12 +135,13 @@ def _as_content(value) -> str:
 
 
 def _call_tool(call: dict, tools: dict) -> Any:
-    "The default executor: look the tool up by name and call it with the arguments as keywords."
+    "The default executor: look the tool up by name and call it with the arguments as keywords (or one string argument)."
     if call.get("error"): raise ValueError(f"malformed tool call: {call['error']}")
     name = call.get("name")
     if name not in tools: raise KeyError(f"unknown tool {str(name)[:100]!r}; available: {sorted(tools)}")
     args = call.get("arguments") or {}
-    if not isinstance(args, dict): raise TypeError("`arguments` must be a dict of keyword arguments")
+    if isinstance(args, str): return tools[name](args)  # one string argument, e.g. <tool name="calculator">12*34</tool>
+    if not isinstance(args, dict): raise TypeError("`arguments` must be a dict of keyword arguments or one string")
     return tools[name](**args)
 
 

@@ -21,11 +21,13 @@ PUBLIC = {
                "normalize_rewards apply_reward_shaping format_reward exact_match_reward length_penalty_reward "
                "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform pareto_ranks pareto_reward",
     "reward_models": "load_reward_model compute_reward_model_score create_rm_reward_fn create_rm_rollout_fn preference_loss "
-                     "make_preference_pairs train_reward_model load_tiny_reward_model",
+                     "make_preference_pairs make_rollout_pairs train_reward_model load_tiny_reward_model",
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
           "create_periodic_updater update_reference_model",
     "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader DataBuffer evaluate_accuracy create_eval_fn",
+    "multiturn": "parse_tool_calls parse_function_calls chat_template_tool_parser execute_and_track_tools track_tool_calls "
+                 "EnvStep Environment create_tool_environment create_multiturn_rollout create_multiturn_rollout_fn",
     "sampling": "batch_groups nonzero_std_filter min_reward_filter diversity_filter length_filter combine_filters "
                 "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
@@ -45,6 +47,8 @@ PUBLIC = {
     "experiments": "RunResult STATUS_FILE check_run_params run_name expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
     "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",
     "viewer": "view_rollouts token_values tokens_html colorbar_html rollout_html group_html RolloutViewer QUANTITY_STYLES",
+    "environments": "count_letters create_text_environment create_verifier_tool create_verification_environment ConversationState "
+                    "create_conversation_environment scripted_user swap_roles create_model_user",
 }
 
 

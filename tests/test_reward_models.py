@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import rlnb.reward_models as rms
-from rlnb.core import GenerationConfig
+from rlnb.core import Generation, GenerationConfig, Rollout
 from rlnb.reward_models import (PreferencePair, build_tiny_reward_model, compute_reward_model_score, create_rm_reward_fn,
                                 create_rm_rollout_fn, encode_for_scoring, load_reward_model, load_tiny_reward_model,
-                                make_preference_pairs, pairwise_accuracy, preference_loss, read_tiny_reward_summary,
-                                train_reward_model)
+                                make_preference_pairs, make_rollout_pairs, pairwise_accuracy, preference_loss,
+                                read_tiny_reward_summary, train_reward_model)
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import build_tokenizer, load_tiny_model
@@ -115,6 +115,27 @@ def test_reward_fn_matches_batched_scoring_and_rollout_fn(untrained):
     assert len(seen) == 1 and len(scored) == 12 and all(isinstance(r.rewards, float) for r in scored.rollouts)
     again = compute_reward_model_score(model, tok, [r.prompt for r in scored.rollouts], [r.generation.text for r in scored.rollouts])
     torch.testing.assert_close(torch.tensor([r.rewards for r in scored.rollouts]), again, atol=1e-4, rtol=1e-4)
+
+
+def test_rollout_pairs_label_a_run_by_its_checker():
+    "Iterated RLHF's labeller: each distinct wrong sample once, rejected against the reference answer; right ones never."
+    policy, ptok = load_tiny_model("addition", progress=False)
+    torch.manual_seed(0)
+    gen = GenerationConfig(max_new_tokens=8, num_return_sequences=8)
+    batch = create_batch_rollouts(policy, ptok, TASK.sample(6, seed=3), gen)
+    held = batch.rollouts[0].prompt
+    pairs = make_rollout_pairs(batch.rollouts, TASK.check, exclude={held})
+    wrong = {(r.prompt, r.generation.text) for r in batch.rollouts
+             if not TASK.check(r.generation.text, r.answer) and r.prompt != held}
+    right = {(r.prompt, r.generation.text) for r in batch.rollouts if TASK.check(r.generation.text, r.answer)}
+    assert wrong and right  # the tiny policy gets some right and some wrong: both branches are exercised
+    assert {(p.prompt, p.rejected) for p in pairs} == wrong and len(pairs) == len(wrong)
+    answers = {r.prompt: str(r.answer) for r in batch.rollouts}
+    assert all(p.chosen == answers[p.prompt] and TASK.check(p.chosen, p.chosen) for p in pairs)
+    hand = [Rollout("q", Generation(t), answer="12") for t in ("12", "21", "21")]  # right, wrong, the same wrong again
+    assert make_rollout_pairs(hand, TASK.check) == [PreferencePair("q", "12", "21")]
+    with pytest.raises(ValueError, match="`answer`"): make_rollout_pairs([Rollout("q", Generation("1"))], TASK.check)
+    with pytest.raises(TypeError, match="`check`"): make_rollout_pairs(hand, "exact")
 
 
 def test_tiny_reward_model_cache_cold_then_warm(tmp_path, monkeypatch):
