@@ -15,7 +15,8 @@ command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the to
 Modules:
 
 - `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
-- `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss."""
+- `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
+- `rlnb.tool_use`: A task the tiny model cannot do in its head, a brief SFT on calculator demonstrations, then RL that raises the reward by changing how the model uses the tool."""
 
 __version__ = "0.0.1"
 
@@ -47,3 +48,4 @@ from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
 from .environments import *  # text, self-verification and conversation environments, simulated users
+from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics

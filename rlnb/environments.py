@@ -131,7 +131,7 @@ def create_verification_environment(
         cost = tool_cost * state.calls
         info = {**(out.info or {}), "score": score, "tool_cost": cost}
         return out._replace(reward=out.reward + score, state=state, info=info)
-    return Environment(step=step, reset=reset, name=name)
+    return Environment(step=step, reset=reset, name=name, tools=tuple(sorted(tools)) + ("verify",))
 
 # %% ../nbs/09d_environments.ipynb #ecacd359
 class ConversationState(NamedTuple):

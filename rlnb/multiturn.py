@@ -160,6 +160,7 @@ def execute_and_track_tools(
 def track_tool_calls(
     rollouts,  # a Batch or list of Rollouts with `tool_calls` and `tool_results`
     tool_tracker: Callable[[dict, dict], dict] | None = None,  # (call, result) -> {name: number}, summed like the counts
+    tool_names: Sequence[str] | None = None,  # the tools on offer: calls to other names count under "<other>"; None = every name
 ) -> dict[str, float]:
     "Tool-use metrics of a batch: calls and errors per episode, the share of episodes that call a tool, time per call, per tool."
     rollouts = rollouts.rollouts if isinstance(rollouts, Batch) else list(rollouts)
@@ -171,6 +172,7 @@ def track_tool_calls(
         using += bool(r.tool_calls)
         for call, result in zip(r.tool_calls, tuple(r.tool_results) + ({},) * len(r.tool_calls)):
             name = str(call.get("name") or "<malformed>")
+            if tool_names is not None and call.get("name") and name not in tool_names: name = "<other>"  # model text: not a column each
             failed = bool(result.get("error") or call.get("error"))
             for key, v in (("calls", 1), ("errors", failed), ("time_s", result.get("time_s", 0.0))):
                 add(f"tools/{key}", v); add(f"tools/{name}/{key}", v)
@@ -200,6 +202,7 @@ class Environment(NamedTuple):
     step: Callable  # (state, conversation ending with the assistant's message) -> EnvStep
     reset: Callable | None = None  # (opening conversation, reference answer) -> first state; None = the state starts as None
     name: str = "environment"  # shown in metrics and errors
+    tools: tuple = ()  # names of the tools it offers: per-tool metrics for these, "<other>" for misspelt ones; () = any name
 
 # %% ../nbs/09c_multiturn.ipynb #77c09f34
 def create_tool_environment(
@@ -228,7 +231,7 @@ def create_tool_environment(
         messages = tuple(Message("tool", r["content"], tool_call_id=r.get("tool_call_id")) for r in results)
         return EnvStep(messages, reward=-tool_cost * len(calls), state=used + len(calls),
                        info={"tool_calls": calls, "tool_results": results})
-    return Environment(step=step, name="tools")
+    return Environment(step=step, name="tools", tools=tuple(sorted(tools or ())))
 
 # %% ../nbs/09c_multiturn.ipynb #a45be838
 def _context_limit(model, tokenizer, max_total_tokens: int | None) -> int:
@@ -383,10 +386,10 @@ def create_multiturn_rollout(
             if step.done or (stop_condition is not None and stop_condition(e["conv"])): e["finish"] = "stop"
             elif turn == max_turns - 1: e["finish"] = "max_turns"
             elif not _close_turn(e, step, render, tokenizer, eos_ids, room(e)): e["finish"] = "length"
-    return _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, reward_fn, fn)
+    return _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, reward_fn, env.tools or None, fn)
 
 # %% ../nbs/09c_multiturn.ipynb #33046750
-def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, reward_fn, fn) -> Batch:
+def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, reward_fn, tool_names, fn) -> Batch:
     "Episodes -> scored Rollouts (one token stream each) in a Batch with the run's multi-turn and tool metrics."
     rollouts = []
     for e in episodes:
@@ -405,7 +408,8 @@ def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, r
                "multiturn/length_frac": count("length"), "multiturn/max_turns_frac": count("max_turns"),
                "multiturn/tokens": sum(len(e["ids"]) for e in episodes) / len(episodes),
                "multiturn/policy_tokens": sum(sum(e["mask"]) for e in episodes) / len(episodes),
-               "multiturn/env_reward": sum(e["env_reward"] for e in episodes) / len(episodes), **track_tool_calls(rollouts)}
+               "multiturn/env_reward": sum(e["env_reward"] for e in episodes) / len(episodes),
+               **track_tool_calls(rollouts, tool_names=tool_names)}
     return Batch(rollouts, {"num_prompts": len(texts), "group_size": gen_config.num_return_sequences, "gen_config": gen_config, **metrics})
 
 # %% ../nbs/09c_multiturn.ipynb #54bad887

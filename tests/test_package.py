@@ -49,6 +49,8 @@ PUBLIC = {
     "viewer": "view_rollouts token_values tokens_html colorbar_html rollout_html group_html RolloutViewer QUANTITY_STYLES",
     "environments": "count_letters create_text_environment create_verifier_tool create_verification_environment ConversationState "
                     "create_conversation_environment scripted_user swap_roles create_model_user",
+    "tool_use": "TOOL_SYSTEM_PROMPT TOOL_USE_SFT TOOL_USE_RL products_task tool_demonstration make_tool_demonstrations "
+                "sft_tool_use_model tool_use_cache_path load_tool_use_model tool_use_stats create_tool_use_rollout_fn evaluate_tool_use tool_use_config",
 }
 
 
