@@ -178,6 +178,9 @@ def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
                      float("nan") if seconds is None else seconds, status.get("error"), skipped)
 
 
+_KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Address already in use")  # nothing ran yet
+
+
 def _error_text(error: BaseException) -> str:
     "One line: the notebook's exception as papermill reports it (name: message), else the Python exception."
     if getattr(error, "ename", None): return f"{error.ename}: {error.evalue}"
@@ -207,14 +210,17 @@ def run_experiment(
                   started=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid())
     _write_json_atomic(out / STATUS_FILE, status)
     t0, error = time.perf_counter(), None
-    try:
-        import papermill as pm
-        with _environ(env or {}):
-            pm.execute_notebook(str(notebook), str(out / "run.ipynb"), parameters={**params, "output_dir": str(out)},
-                                kernel_name=kernel_name, progress_bar=False, log_output=log_output,
-                                cwd=str(cwd or os.getcwd()),
-                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])  # not the kernel's own chatter
-    except Exception as e: error = _error_text(e)  # the notebook failed: recorded, not raised
+    for _ in range(3):  # a kernel that died before its first reply ran nothing (e.g. two kernels raced for a port): start again
+        try:
+            import papermill as pm
+            with _environ(env or {}):
+                pm.execute_notebook(str(notebook), str(out / "run.ipynb"), parameters={**params, "output_dir": str(out)},
+                                    kernel_name=kernel_name, progress_bar=False, log_output=log_output,
+                                    cwd=str(cwd or os.getcwd()),
+                                    extra_arguments=["--IPKernelApp.log_level=CRITICAL"])  # not the kernel's own chatter
+            error = None
+        except Exception as e: error = _error_text(e)  # the notebook failed: recorded, not raised
+        if not (error and any(s in error for s in _KERNEL_START_ERRORS)): break
     status.update(status="failed" if error else "completed", error=error, seconds=round(time.perf_counter() - t0, 2))
     _write_json_atomic(out / STATUS_FILE, status)
     return _result(out, status)

@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .core import Batch, Conversation, Generation, GenerationConfig, Message, Rollout, TrainingConfig, pad_token_id
 from .chat import apply_chat_template
 from .generation import (_can_share_prompts, _encode_prompts, _eos_token_ids, _generate_micro_batch, _generate_rows,
-                             _select_cache_rows, batch_generate, left_pad)
+                             _generation_mode, _select_cache_rows, batch_generate, left_pad)
 from .tools import _loads, _tool_error, execute_tools, parse_json_tool_calls
 from .rollouts import _checked_reward, _prompt_inputs
 
@@ -234,7 +234,7 @@ def create_tool_environment(
     return Environment(step=step, name="tools", tools=tuple(sorted(tools or ())))
 
 # %% ../nbs/09c_multiturn.ipynb #a45be838
-def _context_limit(model, tokenizer, max_total_tokens: int | None) -> int:
+def _context_limit(model, tokenizer) -> int:
     "The longest prompt + completion stream the model can read: its position limit, the tokenizer's, whichever is smaller."
     limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
     limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**8]
@@ -285,6 +285,10 @@ def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: se
 def _chunk_turn(model, tokenizer, chunk: dict, prompt_ids: list, cfg: GenerationConfig, turn: int, pad_id: int,
                 eos_ids: list[int]) -> list[tuple[dict, Generation]]:
     "One turn for a chunk of episodes that keeps their KV cache: only each episode's new tokens go through the model."
+    with _generation_mode(model): return _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids)
+
+
+def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids) -> list[tuple[dict, Generation]]:
     if turn == 0:  # the prompts, n episodes each, as batch_generate samples them (one prefill per distinct prompt)
         episodes = [e for e in chunk["episodes"] if e["finish"] is None]
         if not episodes: return []
@@ -323,7 +327,7 @@ def create_multiturn_rollout(
     system_prompt: str | None = None,  # system message for plain-string prompts
     template_fn: Callable | None = None,  # custom `(conversation, tokenizer) -> text`; must render a growing prefix
     generator: Callable | None = None,  # custom generation backend, passed on to `batch_generate`
-    batch_size: int | None = None,  # sequences per generation call inside `batch_generate`; None = its default
+    batch_size: int | None = None,  # prompts per generation call (with all their episodes); None = 64
 ) -> Batch:
     "Episodes of several turns for a batch of prompts: every turn is one batched generation over the episodes still running."
     fn = "create_multiturn_rollout"
@@ -343,7 +347,7 @@ def create_multiturn_rollout(
     texts, questions, answers, convs = _prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
     prompt_ids = _encode_prompts(tokenizer, texts, fn)
     render = lambda conv: apply_chat_template(conv, tokenizer, template_fn=template_fn)
-    eos_ids, limit = set(_eos_token_ids(model, tokenizer)), _context_limit(model, tokenizer, max_total_tokens)
+    eos_ids, limit = set(_eos_token_ids(model, tokenizer)), _context_limit(model, tokenizer)
     room = lambda e: min(limit - len(prompt_ids[e["p"]]) - len(e["ids"]), (max_total_tokens or 10**8) - len(e["ids"]))
     episodes = [_episode(i, k, convs[i], texts[i], env.reset(convs[i], answers[i]) if env.reset else None)
                 for i in range(len(texts)) for k in range(n)]  # prompt-major, like create_batch_rollouts
@@ -357,7 +361,7 @@ def create_multiturn_rollout(
         active = [e for e in episodes if e["finish"] is None]
         if not active: break
         cfg = gen_config._replace(max_new_tokens=min(gen_config.max_new_tokens, max(room(e) for e in active)), logprobs=True)
-        if reuse: pairs = [pair for chunk in chunks for pair in _chunk_turn(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, sorted(eos_ids))]
+        if reuse: pairs = [pair for c in chunks for pair in _chunk_turn(model, tokenizer, c, prompt_ids, cfg, turn, pad_id, sorted(eos_ids))]
         elif turn == 0:  # n episodes per prompt; prompts too long to start are not sent
             starting = [i for i in range(len(texts)) if episodes[i * n]["finish"] is None]
             gens = batch_generate(model, tokenizer, [prompt_ids[i] for i in starting], cfg, generator=generator, **kw)
@@ -396,7 +400,7 @@ def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, r
         reason = e["finish"] or "max_turns"
         meta = {"prompt_index": e["p"], "sample_index": e["k"], "question": questions[e["p"]], "finish_reason": reason,
                 "turns": e["turns"], "num_turns": len(e["turns"]), "env_reward": e["env_reward"]}
-        gen = Generation(text=e["last"], token_ids=list(e["ids"]), logprobs=e["lps"], finish_reason=reason, metadata={"turns": e["turns"]})
+        gen = Generation(text=e["last"], token_ids=list(e["ids"]), logprobs=e["lps"], finish_reason=reason)  # text: the final turn
         rollouts.append(Rollout(
             prompt=texts[e["p"]], generation=gen, prompt_token_ids=list(prompt_ids[e["p"]]), token_ids=list(e["ids"]),
             loss_mask=list(e["mask"]), logprobs=e["lps"], rewards=e["env_reward"], conversation=e["conv"],

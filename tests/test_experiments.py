@@ -70,6 +70,21 @@ def test_bad_parameters_fail_before_any_kernel_starts(tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
 
 
+def test_a_kernel_that_dies_before_starting_is_started_again_and_a_notebook_error_is_not(tmp_path, monkeypatch):
+    "Two kernels racing for a port kill one before it runs anything: that run is retried; a failing notebook is recorded at once."
+    import papermill
+    toy, calls = write_toy(tmp_path / "toy.ipynb", bug=False), []
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1: raise RuntimeError("Kernel died before replying to kernel_info")
+        if kwargs["parameters"]["learning_rate"] > 1: raise FloatingPointError("loss is nan")
+    monkeypatch.setattr(papermill, "execute_notebook", flaky)
+    ok = run_experiment(toy, {"learning_rate": 1e-3}, tmp_path / "ok", check_params=None)
+    assert (ok.status, ok.error, len(calls)) == ("completed", None, 2)
+    bad = run_experiment(toy, {"learning_rate": 2.0}, tmp_path / "bad", check_params=None)
+    assert (bad.status, bad.error, len(calls)) == ("failed", "FloatingPointError: loss is nan", 3)
+
+
 def test_grid_expansion_and_run_names():
     plan = expand_grid({"learning_rate": [1e-3, 3e-3], "beta": [0.0, 0.04], "num_iterations": 30}, seeds=2)
     assert len(plan) == 8 and list(plan)[:3] == ["learning_rate=0.001,beta=0.0,seed=0", "learning_rate=0.001,beta=0.0,seed=1",

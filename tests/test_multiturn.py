@@ -137,3 +137,16 @@ def test_a_template_with_its_own_tool_format_is_parsed_and_rendered_as_a_growing
     assert text.count("<|im_start|>user") == 2 and text.count("<tool_response>") == 2  # both results in one user turn
     sampled = [t for t, m in zip(r.token_ids, r.loss_mask) if m]
     assert tok.decode(sampled) == call("6*7") + "\n" + call("42+1") + "<|im_end|>43<|im_end|>"
+
+
+def test_episodes_are_sampled_in_eval_mode_and_the_mode_is_restored(tiny):
+    "A policy in train mode (as `train` holds it) samples without dropout, and is left in train mode."
+    model, tok = tiny
+    modes = []
+    hook = model.model.layers[0].register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    try:
+        model.train()
+        create_multiturn_rollout(model, tok, TASK.sample(2, seed=0), GenerationConfig(max_new_tokens=4), env=AGAIN, max_turns=2)
+        restored = model.training
+    finally: hook.remove(); model.eval()
+    assert modes and not any(modes) and restored
