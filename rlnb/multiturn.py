@@ -399,7 +399,8 @@ def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, r
     for e in episodes:
         reason = e["finish"] or "max_turns"
         meta = {"prompt_index": e["p"], "sample_index": e["k"], "question": questions[e["p"]], "finish_reason": reason,
-                "turns": e["turns"], "num_turns": len(e["turns"]), "env_reward": e["env_reward"]}
+                "turns": e["turns"], "num_turns": len(e["turns"]), "env_reward": e["env_reward"],
+                "tools": track_tool_calls([Rollout("", tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]))], tool_names=tool_names)}
         gen = Generation(text=e["last"], token_ids=list(e["ids"]), logprobs=e["lps"], finish_reason=reason)  # text: the final turn
         rollouts.append(Rollout(
             prompt=texts[e["p"]], generation=gen, prompt_token_ids=list(prompt_ids[e["p"]]), token_ids=list(e["ids"]),
