@@ -264,6 +264,21 @@ def _episode(prompt_index: int, sample_index: int, conversation: Conversation, t
             "lps": [], "turns": [], "calls": [], "results": [], "env_reward": 0.0, "finish": None, "last": ""}
 
 # %% ../nbs/09c_multiturn.ipynb #54abff36
+_MARK = "\ue000{}\ue001"  # private-use characters standing for message k's content while the template renders
+
+
+def _tokenize_inserted(tokenizer, render: Callable, conv: Conversation, messages: Sequence, prefix: str, text: str) -> list[int]:
+    "Ids of `text` (what follows `prefix`): template tokens as usual, the messages' contents as plain text."
+    base = conv.messages[:len(conv.messages) - len(messages)]
+    marked = conv._replace(messages=base + tuple(m._replace(content=_MARK.format(k)) for k, m in enumerate(messages)))
+    pieces = re.split("\ue000(\\d+)\ue001", render(_plain(marked))[len(prefix):])  # template, k, template, k, ...
+    contents = [messages[int(k)].content for k in pieces[1::2]]
+    ids = lambda piece, plain: tokenizer(piece, add_special_tokens=False, split_special_tokens=plain)["input_ids"] if piece else []
+    if "".join(p if i % 2 == 0 else contents[i // 2] for i, p in enumerate(pieces)) != text:  # a template that edits contents
+        return ids(text, False)
+    return [t for i, p in enumerate(pieces) for t in (ids(p, False) if i % 2 == 0 else ids(contents[i // 2], True))]
+
+
 def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: set, room: int) -> bool:
     "Append the template tokens that close the assistant's turn, the environment's messages and the next assistant header."
     conv = e["conv"]
@@ -273,7 +288,7 @@ def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: se
     if not new_text.startswith(prefix):
         raise ValueError("create_multiturn_rollout: the chat template does not render the conversation as a growing prefix "
                          "(the assistant's text changed when re-rendered); pass a `template_fn` that does")
-    delta = tokenizer(new_text[len(prefix):], add_special_tokens=False)["input_ids"]
+    delta = _tokenize_inserted(tokenizer, render, conv, step.messages, prefix, new_text[len(prefix):])
     if e["ids"] and e["ids"][-1] in eos_ids and delta and delta[0] == e["ids"][-1]: delta = delta[1:]  # the EOS the model sampled
     if len(delta) >= room: return False  # no room left for the model to answer
     e["ids"] += delta; e["mask"] += [0] * len(delta); e["pending"] = delta

@@ -76,6 +76,8 @@ def test_hostile_tools_and_budgets_end_episodes_cleanly():
     assert (flood.metadata["finish_reason"], flood.status, len(flood.token_ids) < 512) == ("length", "truncated", True)
     inj = create_multiturn_rollout(None, tok, ["?"], GenerationConfig(max_new_tokens=50), tools=tools, generator=scripted('<tool name="inject">1</tool>', "ok")).rollouts[0]
     assert inj.conversation.messages[2].role == "tool" and inj.generation.text == "ok"  # the tool's text is data, never a turn of the policy
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert inj.token_ids.count(start) == 2 and "I win" in tok.decode(inj.token_ids)  # the tool header and the next turn's: none injected
     assert sum(inj.loss_mask) == len(tok('<tool name="inject">1</tool>ok', add_special_tokens=False)["input_ids"]) + 2
     cut = create_multiturn_rollout(None, tok, ["?"], GenerationConfig(max_new_tokens=50), tools=tools,
                                    generator=scripted("x" * 60, eos=False)).rollouts[0]
