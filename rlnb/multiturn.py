@@ -15,7 +15,7 @@ from .core import Batch, Conversation, Generation, GenerationConfig, Message, Ro
 from .chat import apply_chat_template
 from .generation import (_can_share_prompts, _encode_prompts, _eos_token_ids, _generate_micro_batch, _generate_rows,
                              _generation_mode, _select_cache_rows, batch_generate, left_pad)
-from .tools import _loads, _tool_error, execute_tools, parse_json_tool_calls
+from .tools import _function_call, _loads, _tool_error, execute_tools, parse_json_tool_calls
 from .rollouts import _checked_reward, _prompt_inputs
 
 # %% auto #0
@@ -83,20 +83,6 @@ def _json_blocks(text: str, limit: int = 64) -> list[str]:
         if end is None: i = min(starts) + 1; continue
         blocks.append(text[min(starts):end]); i = end
     return blocks
-
-
-def _function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
-    "One JSON call object in any common shape -> a call dict (or an error dict)."
-    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):  # OpenAI: {"type": "function", "function": {...}}
-        obj = {**obj["function"], **({"id": obj["id"]} if "id" in obj else {})}
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return _tool_error(raw, 'expected {"name": "...", "arguments": {...}}', max_chars)
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try: args = _loads(args, max_depth)
-        except ValueError as e: return _tool_error(raw, f"invalid JSON in `arguments`: {e}", max_chars)
-    if not isinstance(args, dict): return _tool_error(raw, "`arguments` must be a JSON object", max_chars)
-    return {"name": obj["name"], "arguments": args, "raw": raw, **({"id": str(obj["id"])} if "id" in obj else {})}
 
 
 def parse_function_calls(
@@ -318,8 +304,9 @@ def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos
         input_ids, mask = torch.cat([chunk["seq"][index], new_ids], 1), torch.cat([chunk["mask"][index], new_mask], 1)  # (A, W+D)
         gens, out = _generate_rows(model, tokenizer, input_ids, mask, cfg._replace(num_return_sequences=1), pad_id, eos_ids,
                                    _select_cache_rows(chunk["cache"], index))
-    kept = torch.zeros(len(gens), out.sequences.shape[1] - mask.shape[1], dtype=mask.dtype, device=mask.device)  # (R, L)
-    for r, g in enumerate(gens): kept[r, :len(g.token_ids)] = 1  # what follows a row's end (or its stop string) is never read
+    lengths = torch.tensor([len(g.token_ids) for g in gens], device=mask.device)  # (R,) tokens each row keeps
+    L = out.sequences.shape[1] - mask.shape[1]
+    kept = (torch.arange(L, device=mask.device)[None, :] < lengths[:, None]).to(mask.dtype)  # (R, L): what follows a row's end is never read
     chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=out.past_key_values)
     return list(zip(episodes, gens))
 

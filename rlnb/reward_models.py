@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/reward_models.html.md"""
 
 # %% ../nbs/07b_reward_models.ipynb #bf2167c4
 from __future__ import annotations
-import hashlib, json, os, random, shutil, tempfile, threading, time
+import hashlib, json, os, random, shutil, threading, time
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
@@ -17,7 +17,7 @@ from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
 from .models import prepare_tokenizer, _auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn
-from .tiny import load_tiny_model, tiny_cache_dir, _resolve_task
+from .tiny import _build_atomically, _resolve_task, load_tiny_model, tiny_cache_dir
 
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',
@@ -395,17 +395,10 @@ def load_tiny_reward_model(
     task = _resolve_task(task, "load_tiny_reward_model")
     recipe = {**TINY_RM_DEFAULTS, **recipe}
     path = tiny_reward_model_path(task, seed, cache_dir, **recipe)
+    complete = lambda folder: (folder / RM_SUMMARY_FILE).exists()
     with _RM_LOCK:
-        if not (path / RM_SUMMARY_FILE).exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-            try:
-                _train_tiny_rm(tmp, task, seed, recipe, progress)
-                if path.exists() and not (path / RM_SUMMARY_FILE).exists(): shutil.rmtree(path, ignore_errors=True)
-                try: os.rename(tmp, path)
-                except OSError:
-                    if not (path / RM_SUMMARY_FILE).exists(): raise
-            finally: shutil.rmtree(tmp, ignore_errors=True)
+        if path.exists() and not complete(path): shutil.rmtree(path, ignore_errors=True)  # a stale, unfinished folder
+        _build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), complete)
         return load_reward_model(str(path))
 
 

@@ -8,6 +8,7 @@ Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 from __future__ import annotations
 import hashlib, inspect, json, os, shutil, tempfile, threading, time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -214,6 +215,24 @@ def read_tiny_history(
 _LOAD_LOCK = threading.Lock()
 
 
+def _build_atomically(
+    path: Path,  # the folder to create
+    build: Callable[[Path], None],  # writes the folder's files into the (temporary) folder it is handed
+    complete: Callable[[Path], bool],  # whether a folder holds a finished build
+) -> None:
+    "Build `path` unless it is complete: in a temporary sibling renamed into place, so a crash or a rival process never leaves half a folder."
+    if complete(path): return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))  # same filesystem: rename is atomic
+    try:
+        build(tmp)
+        try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first
+        except OSError:
+            if not complete(path): raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _train_into(tmp: Path, task, steps, seed, model_config, sft_config, progress):
     "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
     tokenizer = build_tokenizer()
@@ -270,16 +289,7 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
     path = Path(path).expanduser() if path is not None else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config)
     if path.exists() and not _is_complete(path) and any(path.iterdir()):
         raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model (missing {SUMMARY_FILE}, metrics or weights)")
-    if not _is_complete(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))  # same filesystem: rename is atomic
-        try:
-            _train_into(tmp, task, steps, seed, model_config, sft_config, progress)
-            try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first
-            except OSError:
-                if not _is_complete(path): raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    _build_atomically(path, lambda tmp: _train_into(tmp, task, steps, seed, model_config, sft_config, progress), _is_complete)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer

@@ -7,7 +7,7 @@ Docs: https://rlnb.github.io/rlnb/tool_use.html.md"""
 
 # %% ../nbs/14b_tool_use.ipynb #0fc6a216
 from __future__ import annotations
-import hashlib, json, os, shutil, tempfile, threading
+import hashlib, json, os, threading
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -18,7 +18,7 @@ from .tasks import Task, TaskExample, check_number, make_task
 from .tools import calculator
 from .multiturn import create_multiturn_rollout, create_multiturn_rollout_fn
 from .sft import sft
-from .tiny import build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
+from .tiny import _build_atomically, build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
 
 # %% auto #0
 __all__ = ['TOOL_SYSTEM_PROMPT', 'TOOL_USE_SFT', 'TOOL_USE_RL', 'products_task', 'tool_demonstration', 'make_tool_demonstrations',
@@ -118,18 +118,12 @@ def load_tool_use_model(
     "The tiny addition model after a brief SFT on calculator demonstrations: trained on the first call, then cached."
     from transformers import AutoModelForCausalLM
     path = tool_use_cache_path(steps, seed, cache_dir)
+    def build(folder: Path):
+        model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
+        sft_tool_use_model(model, tokenizer, steps=steps, seed=seed, progress=progress)
+        model.save_pretrained(folder)
     with _LOCK:
-        if not (path / "model.safetensors").exists():
-            model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
-            sft_tool_use_model(model, tokenizer, steps=steps, seed=seed, progress=progress)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-            try:
-                model.save_pretrained(tmp)
-                try: os.rename(tmp, path)  # atomic; another process may have got there first
-                except OSError:
-                    if not (path / "model.safetensors").exists(): raise
-            finally: shutil.rmtree(tmp, ignore_errors=True)
+        _build_atomically(path, build, lambda folder: (folder / "model.safetensors").exists())
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, build_tokenizer()
 

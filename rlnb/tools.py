@@ -61,6 +61,20 @@ def _loads(text: str, max_depth: int):
     return obj
 
 
+def _function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
+    "One parsed JSON call object -> a call dict (or an error dict); OpenAI's {\"function\": {...}} wrapper is unwrapped."
+    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
+        obj = {**obj["function"], **({"id": obj["id"]} if "id" in obj else {})}
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return _tool_error(raw, 'expected {"name": "...", "arguments": {...}}', max_chars)
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try: args = _loads(args, max_depth)
+        except ValueError as e: return _tool_error(raw, f"invalid JSON in `arguments`: {e}", max_chars)
+    if not isinstance(args, dict): return _tool_error(raw, "`arguments` must be a JSON object", max_chars)
+    return {"name": obj["name"], "arguments": args, "raw": raw, **({"id": str(obj["id"])} if "id" in obj else {})}
+
+
 def parse_json_tool_calls(
     text: str,  # completion text
     max_chars: int = 10_000,  # longer blocks are rejected without parsing
@@ -75,14 +89,7 @@ def parse_json_tool_calls(
         if len(raw) > max_chars: calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
         try: obj = _loads(raw, max_depth)
         except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON: {e}", max_chars)); continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            calls.append(_tool_error(raw, 'expected {"name": "...", "arguments": {...}}', max_chars)); continue
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            try: args = _loads(args, max_depth)
-            except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON in `arguments`: {e}", max_chars)); continue
-        if not isinstance(args, dict): calls.append(_tool_error(raw, "`arguments` must be a JSON object", max_chars)); continue
-        calls.append({"name": obj["name"], "arguments": args, "raw": raw, **({"id": str(obj["id"])} if "id" in obj else {})})
+        calls.append(_function_call(obj, raw, max_chars, max_depth))
     return calls
 
 
