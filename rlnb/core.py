@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, reprlib, tempfile
+import difflib, inspect, json, math, os, random, re, reprlib, shutil, tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -17,7 +17,7 @@ from torch import Tensor
 __all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
            'TrainingStats', 'TrainingState', 'create_training_config', 'CollatedBatch', 'collate', 'set_seed',
            'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'model_device', 'pad_token_id',
-           'is_peft_model', 'GroupStats', 'group_stats']
+           'is_peft_model', 'GroupStats', 'group_stats', 'default_cache_dir', 'build_atomically']
 
 # %% ../nbs/00_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -122,8 +122,10 @@ class Batch(_BatchFields):
 # %% ../nbs/00_core.ipynb #a9349ad1
 class TrainingConfig(NamedTuple):
     "Every knob of an RL run, with the defaults of the README's main job (tiny model, addition, GRPO, LoRA)."
-    model: str = "tiny"  # "tiny" (rlnb's built-in model), a Hugging Face id or a local folder
+    model: str = "tiny"  # "tiny" (rlnb's built-in model), "smollm2", a Hugging Face id, a local folder or a .gguf file
+    dtype: str = "auto"  # weights' precision: "auto" (float32 on a CPU, bf16 on a GPU), "float32" or "bfloat16"
     task: str = "addition"  # a task name (rlnb.tasks.list_tasks()); gives prompts, reward and evaluation
+    task_format: str = "auto"  # "plain" (tiny's "49+97"), "chat" (in words); "auto": chat unless model is tiny
     algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
     algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
     beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
@@ -197,7 +199,8 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
     "max_seconds": (0, False), "num_threads": (1, True),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
-_CHOICES = {"lr_schedule": ("constant", "cosine", "wsd")}
+_CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
+            "task_format": ("auto", "plain", "chat")}
 
 
 def _field_value(name: str, value, annotation: str):
@@ -468,3 +471,28 @@ def group_stats(
     std = (zeros.index_add(0, index, (values - mean[index]) ** 2) / dof).sqrt()  # (G,)
     if unbiased: std = torch.where(count > 1, std, zeros)
     return GroupStats(index, count, mean, std, lo, hi)
+
+# %% ../nbs/00_core.ipynb #8bc44f7e
+def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    "Where rlnb caches what it builds: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
+    return Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
+
+# %% ../nbs/00_core.ipynb #9c8d9517
+def build_atomically(
+    path: Path,  # the folder to create
+    build: Callable[[Path], None],  # writes the folder's files into the (temporary) folder it is handed
+    complete: Callable[[Path], bool],  # whether a folder holds a finished build
+) -> Path:
+    "Build `path` unless complete, in a temporary sibling renamed into place: never half a folder. Returns `path`."
+    path = Path(path)
+    if complete(path): return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))  # same filesystem: rename is atomic
+    try:
+        build(tmp)
+        try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first
+        except OSError:
+            if not complete(path): raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -7,6 +7,7 @@ Docs: https://rlnb.github.io/rlnb/models.html.md"""
 # %% ../nbs/02_models.ipynb #a17859c9
 from __future__ import annotations
 import json
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,8 +16,8 @@ from torch import nn
 from .core import ModelConfig, is_peft_model
 
 # %% auto #0
-__all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'load_model', 'prepare_tokenizer',
-           'load_tokenizer']
+__all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'registered_loader', 'load_model',
+           'prepare_tokenizer', 'load_tokenizer']
 
 # %% ../nbs/02_models.ipynb #42d44c13
 def find_linear_modules(
@@ -99,8 +100,18 @@ def _load_hf_model(config: ModelConfig, device: torch.device, dtype: torch.dtype
     return model if config.load_in_8bit else model.to(device)
 
 # %% ../nbs/02_models.ipynb #6d17a186
-MODEL_LOADERS: dict[str, Callable[[ModelConfig], nn.Module]] = {}  # name -> loader(config) -> model, used by `load_model`
-TOKENIZER_LOADERS: dict[str, Callable[[ModelConfig], Any]] = {}  # name -> loader(config) -> tokenizer, used by `load_tokenizer`
+MODEL_LOADERS: dict[str, Callable[[ModelConfig], nn.Module]] = {}  # name or ".suffix" -> loader(config) -> model
+TOKENIZER_LOADERS: dict[str, Callable[[ModelConfig], Any]] = {}  # name or ".suffix" -> loader(config) -> tokenizer
+
+
+def registered_loader(
+    registry: dict[str, Callable],  # MODEL_LOADERS or TOKENIZER_LOADERS
+    name: str,  # a config's model_name_or_path
+) -> Callable | None:
+    "The loader registered for `name`: under the name itself, else under its file suffix ('.gguf'); None if neither."
+    if name in registry: return registry[name]
+    suffix = Path(str(name)).suffix.lower()
+    return registry.get(suffix) if suffix else None
 
 # %% ../nbs/02_models.ipynb #4b54f5eb
 def load_model(
@@ -115,7 +126,7 @@ def load_model(
         raise ValueError(f"load_model: `config.lora_r` must be a positive int with use_lora=True, got {config.lora_r!r}")
     device = _resolve_device(config.device)
     dtype = _resolve_dtype(config.dtype, device)
-    loader = model_loader or MODEL_LOADERS.get(config.model_name_or_path)
+    loader = model_loader or registered_loader(MODEL_LOADERS, config.model_name_or_path)
     if loader is not None:
         model = loader(config)
         if not config.load_in_8bit: model = model.to(device=device, dtype=dtype)  # 8-bit weights are placed by bitsandbytes
@@ -175,7 +186,7 @@ def load_tokenizer(
     if config is None: config = ModelConfig()
     if isinstance(config, str): config = ModelConfig(model_name_or_path=config)
     if not isinstance(config, ModelConfig): raise TypeError(f"load_tokenizer: `config` must be a ModelConfig or a str, got {type(config).__name__}")
-    loader = tokenizer_loader or TOKENIZER_LOADERS.get(config.model_name_or_path)
+    loader = tokenizer_loader or registered_loader(TOKENIZER_LOADERS, config.model_name_or_path)
     if loader is not None: tokenizer = loader(config)
     elif config.model_name_or_path == "tiny":
         raise ValueError("load_tokenizer: 'tiny' is not registered in TOKENIZER_LOADERS; `import rlnb.tiny` registers it")

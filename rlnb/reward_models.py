@@ -13,11 +13,11 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from .core import Batch, GenerationConfig, Rollout
+from .core import Batch, GenerationConfig, Rollout, build_atomically
 from .chat import format_prompt
 from .models import prepare_tokenizer, _auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn
-from .tiny import _build_atomically, _resolve_task, load_tiny_model, tiny_cache_dir
+from .tiny import _resolve_task, load_tiny_model, tiny_cache_dir
 
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',
@@ -398,7 +398,7 @@ def load_tiny_reward_model(
     complete = lambda folder: (folder / RM_SUMMARY_FILE).exists()
     with _RM_LOCK:
         if path.exists() and not complete(path): shutil.rmtree(path, ignore_errors=True)  # a stale, unfinished folder
-        _build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), complete)
+        build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), complete)
         return load_reward_model(str(path))
 
 

@@ -22,7 +22,7 @@ from .rewards import _call, _check_scalar, _check_vector
 
 # %% auto #0
 __all__ = ['score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe', 'create_rollout', 'create_rollout_fn',
-           'DataBuffer', 'create_prompt_loader', 'evaluate_accuracy', 'create_eval_fn']
+           'DataBuffer', 'create_prompt_loader', 'greedy_rollouts', 'evaluate_accuracy', 'create_eval_fn']
 
 # %% ../nbs/09_rollouts.ipynb #5038b018
 def _as_list(x, name: str, fn: str) -> list:
@@ -288,6 +288,22 @@ def _split_prompts(items, fn: str = "train") -> list:
     return list(items)
 
 # %% ../nbs/09_rollouts.ipynb #95ccee46
+def greedy_rollouts(
+    model,  # the policy
+    tokenizer,  # its tokenizer
+    examples: Sequence,  # records with .prompt and .answer (e.g. TaskExample)
+    max_new_tokens: int | None = None,  # decoding budget (None = the longest answer's tokens + 2)
+    system_prompt: str | None = None,  # system message for the prompts
+    batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
+) -> Batch:
+    "One greedy completion per example, in one batched generation call: what evaluation reads."
+    if not examples: raise ValueError("evaluate_accuracy: `examples` is empty")
+    if max_new_tokens is None:
+        max_new_tokens = max(len(tokenizer.encode(str(e.answer), add_special_tokens=False)) for e in examples) + 2
+    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_return_sequences=1)
+    return create_batch_rollouts(model, tokenizer, examples, greedy, system_prompt=system_prompt, batch_size=batch_size)
+
+
 def evaluate_accuracy(
     model,  # the policy
     tokenizer,  # its tokenizer
@@ -298,24 +314,26 @@ def evaluate_accuracy(
     batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
 ) -> float:
     "Fraction of `examples` answered correctly with greedy decoding (one batched generation call)."
-    if not examples: raise ValueError("evaluate_accuracy: `examples` is empty")
-    if max_new_tokens is None: max_new_tokens = max(len(tokenizer.encode(str(e.answer), add_special_tokens=False)) for e in examples) + 2
-    greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_return_sequences=1)
-    batch = create_batch_rollouts(model, tokenizer, examples, greedy, system_prompt=system_prompt, batch_size=batch_size)
+    batch = greedy_rollouts(model, tokenizer, examples, max_new_tokens, system_prompt, batch_size)
     return sum(bool(check(r.generation.text, r.answer)) for r in batch.rollouts) / len(batch)
 
 # %% ../nbs/09_rollouts.ipynb #bc680ea0
 def create_eval_fn(
-    task,  # a Task (sample, check, system_prompt)
+    task,  # a Task (sample, check, system_prompt, format_check)
     tokenizer,  # the policy's tokenizer
     num_examples: int = 64,  # held-out prompts
     seed: int = 987_654,  # their seed (keep it away from the training seeds)
     max_new_tokens: int | None = None,  # decoding budget (None = the longest answer + 2)
     system_prompt: str | None = None,  # None = the task's
 ) -> Callable[[TrainingState], dict]:
-    "An eval_fn for `train`: {'eval/accuracy': greedy accuracy of state.model on fixed held-out prompts}."
+    "An eval_fn for `train`: greedy 'eval/accuracy' on fixed held-out prompts (and 'eval/format' for a chat task)."
     examples = task.sample(num_examples, seed=seed)
     sp = task.system_prompt if system_prompt is None else system_prompt
+    form = getattr(task, "format_check", None)
     def eval_fn(state: TrainingState) -> dict:
-        return {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, examples, task.check, max_new_tokens, sp)}
+        batch = greedy_rollouts(state.model, tokenizer, examples, max_new_tokens, sp)
+        texts = [r.generation.text for r in batch.rollouts]
+        metrics = {"eval/accuracy": sum(bool(task.check(t, e.answer)) for t, e in zip(texts, examples)) / len(examples)}
+        if form is not None: metrics["eval/format"] = sum(bool(form(t)) for t in texts) / len(texts)
+        return metrics
     return eval_fn

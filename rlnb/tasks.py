@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 __all__ = ['TASKS', 'TaskExample', 'Task', 'parse_number', 'extract_number', 'check_number', 'check_exact', 'safe_eval',
            'expression_numbers', 'make_reward_fn', 'make_task', 'addition_task', 'arithmetic_task', 'check_countdown',
            'countdown_task', 'reverse_task', 'list_tasks', 'get_task', 'extract_gsm8k_answer', 'load_jsonl_dataset',
-           'check_extracted_number', 'make_dataset_task']
+           'check_extracted_number', 'make_dataset_task', 'final_answer', 'has_answer_form', 'chat_task']
 
 # %% ../nbs/01_tasks.ipynb #118b43fe
 class TaskExample(NamedTuple):
@@ -34,6 +34,7 @@ class Task(NamedTuple):
     reward_fn: Callable  # reward_fn(rollout) -> float in [0, 1]
     system_prompt: str | None = None  # instruction for chat models; None for the tiny model
     params: dict | None = None  # the difficulty parameters it was built with
+    format_check: Callable | None = None  # format_check(completion_text) -> bool: the reply has the required form
 
 # %% ../nbs/01_tasks.ipynb #844d633a
 _NUM = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+"  # 1,234 | 1234 | 12.5 | .5
@@ -159,7 +160,7 @@ def addition_task(
     if max_value is not None: _check_int("addition_task", "max_value", max_value, 0); high = min(high, max_value)
     def make_example(rng):
         a, b = rng.randint(0, high), rng.randint(0, high)
-        return TaskExample(f"{a}+{b}=", str(a + b), {"operands": (a, b)})
+        return TaskExample(f"{a}+{b}=", str(a + b), {"operands": (a, b), "question": f"What is {a} + {b}?"})
     return make_task("addition", make_example, check_number, {"digits": digits, "max_value": max_value})
 
 # %% ../nbs/01_tasks.ipynb #a0f2a5fa
@@ -182,7 +183,8 @@ def arithmetic_task(
         numbers = [rng.randint(0, max_value) for _ in range(terms)]
         expr = str(numbers[0]) + "".join(rng.choice(ops) + str(x) for x in numbers[1:])
         value = safe_eval(expr, max_length=len(expr), max_abs=math.inf)
-        return TaskExample(expr + "=", str(int(value)), {"expression": expr})
+        spaced = re.sub(r"([+*-])", r" \1 ", expr)
+        return TaskExample(expr + "=", str(int(value)), {"expression": expr, "question": f"What is {spaced}?"})
     return make_task("arithmetic", make_example, check_number, {"terms": terms, "max_value": max_value, "ops": ops})
 
 # %% ../nbs/01_tasks.ipynb #090fb0f0
@@ -218,7 +220,10 @@ def countdown_task(
         numbers = [rng.randint(1, max_value) for _ in range(count)]
         expr, target = _fold_expression(rng, numbers, ops)
         shown = rng.sample(numbers, len(numbers))  # shuffled, so the order is no hint
-        return TaskExample(f"{','.join(map(str, shown))}->{target}=", expr, {"numbers": shown, "target": target})
+        question = (f"Using each of the numbers {', '.join(map(str, shown))} exactly once, with + - * and parentheses, "
+                    f"write an expression equal to {target}.")
+        return TaskExample(f"{','.join(map(str, shown))}->{target}=", expr, {"numbers": shown, "target": target,
+                                                                         "question": question})
     return make_task("countdown", make_example, check_countdown, {"count": count, "max_value": max_value, "ops": ops})
 
 # %% ../nbs/01_tasks.ipynb #27ea02dc
@@ -234,7 +239,7 @@ def reverse_task(
         raise ValueError(f"reverse_task: `alphabet` must be a non-empty string without whitespace or '=', got {alphabet!r}")
     def make_example(rng):
         word = "".join(rng.choice(alphabet) for _ in range(rng.randint(min_length, max_length)))
-        return TaskExample(f"reverse:{word}=", word[::-1], {"word": word})
+        return TaskExample(f"reverse:{word}=", word[::-1], {"word": word, "question": f"Write '{word}' backwards."})
     return make_task("reverse", make_example, check_exact,
                      {"min_length": min_length, "max_length": max_length, "alphabet": alphabet})
 
@@ -330,3 +335,54 @@ def make_dataset_task(
         while len(order) < n: order += rng.sample(range(len(examples)), len(examples))
         return [examples[i] for i in order[:n]]
     return Task(name, sample, check, make_reward_fn(check), system_prompt, {"size": len(examples)})
+
+# %% ../nbs/01_tasks.ipynb #80ad2e22
+_ANSWER_IS = re.compile(r"the answer is[:\s]*", re.IGNORECASE)
+
+
+def final_answer(text: str) -> str:
+    "The reply's final answer: the rest of the line after its last 'the answer is', else its last non-empty line."
+    text = _text(text, "final_answer", "text")
+    found = list(_ANSWER_IS.finditer(text))
+    if found: return text[found[-1].end():].split("\n", 1)[0].strip().rstrip(".").strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def has_answer_form(text: str) -> bool:
+    "True when the reply ends with 'The answer is X.' (the final period optional) and nothing follows it."
+    text = _text(text, "has_answer_form", "text").rstrip()
+    found = list(_ANSWER_IS.finditer(text))
+    return bool(found) and "\n" not in text[found[-1].end():] and bool(final_answer(text))
+
+# %% ../nbs/01_tasks.ipynb #5073d1b0
+def chat_task(
+    task: Task,  # a task whose examples carry metadata["question"] (every built-in task's do)
+    format_weight: float = 0.5,  # weight of the form in the reward: (correct + w * form) / (1 + w)
+    system_prompt: str | None = None,  # None = ask for "The answer is <number>." (or "<answer>." for text answers)
+) -> Task:
+    "The same questions in words for a chat model, checked on the final answer, with the reply's form rewarded."
+    if not isinstance(task, Task): raise TypeError(f"chat_task: `task` must be a Task, got {type(task).__name__}")
+    is_number = isinstance(format_weight, (int, float)) and not isinstance(format_weight, bool)
+    if not is_number or not 0 <= format_weight < math.inf:
+        raise ValueError(f"chat_task: `format_weight` must be a number >= 0, got {format_weight!r}")
+    if (task.params or {}).get("chat"): return task
+    def sample(n: int, seed: int | None = 0) -> list[TaskExample]:
+        examples = task.sample(n, seed)
+        for e in examples:
+            if "question" not in (e.metadata or {}):
+                raise ValueError(f"chat_task: task {task.name!r} gives no metadata['question'] for {e.prompt!r}")
+        return [e._replace(prompt=e.metadata["question"]) for e in examples]
+    def check(completion_text: str, answer: str) -> bool:
+        final = final_answer(completion_text)
+        numeric = parse_number(answer if isinstance(answer, (str, int, float)) else repr(answer)) is not None
+        return bool(task.check(final, answer)) or (numeric and check_extracted_number(final, answer))
+    def reward_fn(rollout) -> float:
+        if rollout.answer is None:
+            raise ValueError("reward_fn: `rollout.answer` is None; create rollouts with answer=example.answer")
+        text = rollout.generation.text if rollout.generation is not None else ""
+        return (check(text, rollout.answer) + format_weight * has_answer_form(text)) / (1 + format_weight)
+    numeric = parse_number(task.sample(1, 0)[0].answer) is not None
+    default = f"Answer the question. End your reply with: The answer is <{'number' if numeric else 'answer'}>."
+    params = {**(task.params or {}), "chat": True, "format_weight": format_weight}
+    return Task(task.name, sample, check, reward_fn, system_prompt or default, params, has_answer_form)

@@ -6,13 +6,13 @@ Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 
 # %% ../nbs/16_tiny.ipynb #3c0bf599
 from __future__ import annotations
-import hashlib, inspect, json, os, shutil, tempfile, threading, time
+import hashlib, inspect, json, os, threading, time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .core import ModelConfig
+from .core import ModelConfig, build_atomically, default_cache_dir
 from .training import default_num_threads
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 from .rollouts import evaluate_accuracy
@@ -177,7 +177,7 @@ SUMMARY_FILE = "tiny_summary.json"  # written last: its presence marks a complet
 # %% ../nbs/16_tiny.ipynb #db2e2423
 def tiny_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     "Where tiny models are cached: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
-    return Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
+    return default_cache_dir(cache_dir)
 
 # %% ../nbs/16_tiny.ipynb #f007bbf2
 def _default_steps(task) -> int: return DEFAULT_SFT_STEPS.get(task.name, DEFAULT_SFT_STEPS_OTHER)
@@ -213,24 +213,6 @@ def read_tiny_history(
 
 # %% ../nbs/16_tiny.ipynb #f611ee41
 _LOAD_LOCK = threading.Lock()
-
-
-def _build_atomically(
-    path: Path,  # the folder to create
-    build: Callable[[Path], None],  # writes the folder's files into the (temporary) folder it is handed
-    complete: Callable[[Path], bool],  # whether a folder holds a finished build
-) -> None:
-    "Build `path` unless it is complete: in a temporary sibling renamed into place, so a crash or a rival process never leaves half a folder."
-    if complete(path): return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))  # same filesystem: rename is atomic
-    try:
-        build(tmp)
-        try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first
-        except OSError:
-            if not complete(path): raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _train_into(tmp: Path, task, steps, seed, model_config, sft_config, progress):
@@ -289,7 +271,8 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
     path = Path(path).expanduser() if path is not None else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config)
     if path.exists() and not _is_complete(path) and any(path.iterdir()):
         raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model (missing {SUMMARY_FILE}, metrics or weights)")
-    _build_atomically(path, lambda tmp: _train_into(tmp, task, steps, seed, model_config, sft_config, progress), _is_complete)
+    build = lambda tmp: _train_into(tmp, task, steps, seed, model_config, sft_config, progress)
+    build_atomically(path, build, _is_complete)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer

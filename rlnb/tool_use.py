@@ -13,12 +13,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from .core import Batch, Conversation, GenerationConfig, Message, TrainingConfig, create_training_config
+from .core import (Batch, Conversation, GenerationConfig, Message, TrainingConfig, build_atomically,
+                       create_training_config)
 from .tasks import Task, TaskExample, check_number, make_task
 from .tools import calculator
 from .multiturn import create_multiturn_rollout, create_multiturn_rollout_fn
 from .sft import sft
-from .tiny import _build_atomically, build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
+from .tiny import build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
 
 # %% auto #0
 __all__ = ['TOOL_SYSTEM_PROMPT', 'TOOL_USE_SFT', 'TOOL_USE_RL', 'products_task', 'tool_demonstration', 'make_tool_demonstrations',
@@ -123,7 +124,7 @@ def load_tool_use_model(
         sft_tool_use_model(model, tokenizer, steps=steps, seed=seed, progress=progress)
         model.save_pretrained(folder)
     with _LOCK:
-        _build_atomically(path, build, lambda folder: (folder / "model.safetensors").exists())
+        build_atomically(path, build, lambda folder: (folder / "model.safetensors").exists())
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, build_tokenizer()
 

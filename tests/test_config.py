@@ -13,7 +13,7 @@ from rlnb.training import train
 torch.set_num_threads(1)
 BASE = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=2, eval_size=16)
 CHANGES = {  # field -> a value different from BASE's (or the default)
-    "model": "tiny-perturbed", "task": "reverse", "algorithm": "dr_grpo", "algorithm_options": {"scale": "none"}, "beta": 0.5,
+    "model": "tiny-perturbed", "dtype": "bfloat16", "task": "reverse", "task_format": "chat", "algorithm": "dr_grpo", "algorithm_options": {"scale": "none"}, "beta": 0.5,
     "num_iterations": 3, "prompts_per_step": 3, "group_size": 3, "temperature": 0.5, "max_new_tokens": 2, "dynamic_sampling": True, "over_sampling_factor": 2.0,
     "max_sampling_rounds": 2, "overlong_buffer": 5,
     "learning_rate": 1e-3, "lr_schedule": "constant", "warmup_steps": 2, "weight_decay": 0.5, "max_grad_norm": 1e-4,
