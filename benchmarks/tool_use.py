@@ -1,7 +1,8 @@
 """The tool-use task, measured: RL from the brief SFT start for a budget of CPU time, three seeds.
 
 Each seed is its own child process with one torch thread (OMP_NUM_THREADS=1, RLNB_NUM_THREADS=1). It loads the SFT'd
-model (`rlnb.load_tool_use_model()`: the tiny addition model after 190 SFT steps on calculator demonstrations, cached),
+model (`rlnb.load_tool_use_model()`: the tiny addition model after SFT on calculator demonstrations, stopped once
+half-learned, cached),
 measures it on held-out prompts (`evaluate_tool_use`: 128 prompts x 2 sampled episodes, temperature 1), trains with
 `quick_start_training(tool_use_config(seed=SEED, num_iterations=10_000), rollout_fn=create_tool_use_rollout_fn(), ...)`
 until the process has used `--cpu-seconds` of CPU time (time.process_time, rollouts included; the first iteration

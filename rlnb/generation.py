@@ -154,6 +154,17 @@ def _forward_parameters(model) -> dict:
     return inspect.signature(base.forward).parameters
 
 
+def _cache_arg(params) -> str | None:
+    "The name under which this model's forward takes a KV cache: `cache` (transformers >= 5.24), `past_key_values`."
+    return next((k for k in ("cache", "past_key_values") if k in params), None)
+
+
+def _output_cache(out):
+    "The KV cache a forward pass or `generate` returned, under its new name (`cache`) or its old one."
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
 def _logits_to_keep_arg(params) -> str | None:
     "The name under which this model's forward accepts 'compute logits for the last k positions only', if any."
     return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
@@ -173,7 +184,7 @@ def _select_cache_rows(cache, index: Tensor):
 
 
 def _prefill_prompts(
-    model,  # a causal LM whose forward takes `past_key_values`
+    model,  # a causal LM whose forward takes a KV cache
     prompt_ids: Tensor,  # (U, P) distinct prompts, left-padded
     prompt_mask: Tensor,  # (U, P) 1 on real tokens
     index: Tensor,  # (b,) which prompt each of the b rows continues
@@ -185,7 +196,7 @@ def _prefill_prompts(
     keep = _logits_to_keep_arg(params)
     if keep: kwargs[keep] = 1
     out = model(**kwargs)
-    return out.logits[:, -1][index], _select_cache_rows(out.past_key_values, index)
+    return out.logits[:, -1][index], _select_cache_rows(_output_cache(out), index)
 
 
 def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -200,14 +211,15 @@ def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, 
 def _can_share_prompts(model, custom_params: dict | None = None) -> bool:
     "True if the model takes a KV cache (and the caller did not choose its own cache)."
     custom = custom_params or {}
-    return "past_key_values" in _forward_parameters(model) and not ({"past_key_values", "cache_implementation"} & set(custom))
+    chosen = {"cache", "past_key_values", "cache_implementation"} & set(custom)
+    return _cache_arg(_forward_parameters(model)) is not None and not chosen
 
 # %% ../nbs/04_generation.ipynb #bd8c3dea
 def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
-                   eos_ids: list[int], past_key_values=None) -> tuple[list[Generation], Any]:
+                   eos_ids: list[int], kv_cache=None) -> tuple[list[Generation], Any]:
     "One `model.generate` call on ready rows (R, T), one sample each, after an optional KV cache of their first columns."
     kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
-    if past_key_values is not None: kwargs["past_key_values"] = past_key_values
+    if kv_cache is not None: kwargs[_cache_arg(_forward_parameters(model))] = kv_cache
     sampling = config.do_sample and config.temperature > 0
     recorder = _LogprobRecorder(float(config.temperature) if sampling else 1.0) if config.logprobs else None
     if recorder is not None:  # first in the list, so it sees the model's raw logits

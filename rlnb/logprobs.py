@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .core import model_device
-from .generation import (_can_share_prompts, _distinct_prompts, _forward_parameters, _logits_to_keep_arg, _position_ids,
+from .generation import (_cache_arg, _can_share_prompts, _distinct_prompts, _forward_parameters, _logits_to_keep_arg, _position_ids,
                              _prefill_prompts)
 
 # %% auto #0
@@ -61,7 +61,7 @@ def _shared_prompt_logits(model, ids: Tensor, mask: Tensor, C: int, groups: tupl
     last, cache = _prefill_prompts(model, prompt_ids, prompt_mask, index)  # (b, V): predicts completion token 0
     if C == 1: return last[:, None]
     P = ids.shape[1] - C
-    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], "past_key_values": cache, "use_cache": True}
+    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], _cache_arg(params): cache, "use_cache": True}
     if "position_ids" in params: kwargs["position_ids"] = _position_ids(mask)[:, P:-1]
     rest = model(**kwargs).logits  # (b, C-1, V): completion token t-1 predicts token t
     return torch.cat([last[:, None], rest], 1)

@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .core import Batch, Conversation, Generation, GenerationConfig, Message, Rollout, TrainingConfig, pad_token_id
 from .chat import apply_chat_template
 from .generation import (_can_share_prompts, _encode_prompts, _eos_token_ids, _generate_micro_batch, _generate_rows,
-                             _generation_mode, _select_cache_rows, batch_generate, left_pad)
+                             _generation_mode, _output_cache, _select_cache_rows, batch_generate, left_pad)
 from .tools import _function_call, _loads, _tool_error, execute_tools, parse_json_tool_calls
 from .rollouts import _checked_reward, _prompt_inputs
 
@@ -307,7 +307,7 @@ def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos
     lengths = torch.tensor([len(g.token_ids) for g in gens], device=mask.device)  # (R,) tokens each row keeps
     L = out.sequences.shape[1] - mask.shape[1]
     kept = (torch.arange(L, device=mask.device)[None, :] < lengths[:, None]).to(mask.dtype)  # (R, L): what follows a row's end is never read
-    chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=out.past_key_values)
+    chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=_output_cache(out))
     return list(zip(episodes, gens))
 
 # %% ../nbs/09c_multiturn.ipynb #b2619c02

@@ -23,8 +23,8 @@ from .tiny import build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_p
 
 # %% auto #0
 __all__ = ['TOOL_SYSTEM_PROMPT', 'TOOL_USE_SFT', 'TOOL_USE_RL', 'products_task', 'tool_demonstration', 'make_tool_demonstrations',
-           'sft_tool_use_model', 'tool_use_cache_path', 'load_tool_use_model', 'tool_use_stats',
-           'create_tool_use_rollout_fn', 'evaluate_tool_use', 'tool_use_config']
+           'tool_use_stats', 'create_tool_use_rollout_fn', 'evaluate_tool_use', 'sft_tool_use_model',
+           'tool_use_cache_path', 'load_tool_use_model', 'tool_use_config']
 
 # %% ../nbs/14b_tool_use.ipynb #073c8025
 TOOL_SYSTEM_PROMPT = "Tool: calculator"  # the system message of every tool-use episode (one character = one token)
@@ -71,62 +71,6 @@ def make_tool_demonstrations(
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{fn}: `n` must be an int >= 1, got {n!r}")
     return [tool_demonstration(e, system_prompt) for e in task.sample(n, seed=seed)]
-
-# %% ../nbs/14b_tool_use.ipynb #1377ecfb
-TOOL_USE_SFT = dict(steps=190, demonstrations=4096, batch_size=16, learning_rate=1e-3, demo_seed=1000)  # see above
-_LOCK = threading.Lock()
-
-
-def sft_tool_use_model(
-    model,  # a causal LM (the tiny addition model); trained in place
-    tokenizer,  # its tokenizer
-    task: Task | None = None,  # None = products_task()
-    steps: int = TOOL_USE_SFT["steps"],  # optimizer steps
-    seed: int = 0,  # seeds the update order (the demonstrations are TOOL_USE_SFT's)
-    progress: bool = False,  # text progress lines
-):  # the SFT metrics DataFrame
-    "SFT on calculator demonstrations with `rlnb.sft.sft` (settings: TOOL_USE_SFT)."
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"sft_tool_use_model: `steps` must be an int >= 1, got {steps!r}")
-    cfg = TOOL_USE_SFT
-    demos = make_tool_demonstrations(task or products_task(), cfg["demonstrations"], seed=cfg["demo_seed"] + seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        _, metrics = sft(model, tokenizer, demos, num_iterations=steps, batch_size=cfg["batch_size"],
-                         learning_rate=cfg["learning_rate"], seed=seed, progress=progress)
-    model.eval()
-    return metrics
-
-# %% ../nbs/14b_tool_use.ipynb #15adba46
-def tool_use_cache_path(
-    steps: int = TOOL_USE_SFT["steps"],  # SFT steps
-    seed: int = 0,  # SFT seed
-    cache_dir: str | os.PathLike | None = None,  # see rlnb.tiny.tiny_cache_dir
-) -> Path:
-    "The folder `load_tool_use_model` uses for these settings."
-    base = tiny_cache_path("addition", cache_dir=cache_dir).name  # the tiny model's own settings, hashed
-    key = json.dumps(dict(version=1, sft=TOOL_USE_SFT, system=TOOL_SYSTEM_PROMPT, base=base), sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    return tiny_cache_dir(cache_dir) / f"tool-use-steps{steps}-seed{seed}-{digest}"
-
-
-def load_tool_use_model(
-    steps: int = TOOL_USE_SFT["steps"],  # SFT steps on the demonstrations
-    seed: int = 0,  # SFT seed
-    cache_dir: str | os.PathLike | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
-    progress: bool = False,  # print SFT progress on a cold start
-):  # (model, tokenizer)
-    "The tiny addition model after a brief SFT on calculator demonstrations: trained on the first call, then cached."
-    from transformers import AutoModelForCausalLM
-    path = tool_use_cache_path(steps, seed, cache_dir)
-    def build(folder: Path):
-        model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
-        sft_tool_use_model(model, tokenizer, steps=steps, seed=seed, progress=progress)
-        model.save_pretrained(folder)
-    with _LOCK:
-        build_atomically(path, build, lambda folder: (folder / "model.safetensors").exists())
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, build_tokenizer()
 
 # %% ../nbs/14b_tool_use.ipynb #9e319171
 def tool_use_stats(
@@ -188,6 +132,68 @@ def evaluate_tool_use(
     rewards = [float(r.rewards) for r in batch.rollouts]
     calls = batch.batch_metadata["tools/calls_per_episode"]
     return {"reward": sum(rewards) / len(rewards), "calls_per_episode": calls, **tool_use_stats(batch)}
+
+# %% ../nbs/14b_tool_use.ipynb #1377ecfb
+TOOL_USE_SFT = dict(max_steps=400, demonstrations=4096, batch_size=16, learning_rate=1e-3, demo_seed=1000,
+                    eval_every=10, stop_at_reward=0.08, probe_seed=7_000_001)  # see above
+_LOCK = threading.Lock()
+
+
+def sft_tool_use_model(
+    model,  # a causal LM (the tiny addition model); trained in place
+    tokenizer,  # its tokenizer
+    task: Task | None = None,  # None = products_task()
+    max_steps: int = TOOL_USE_SFT["max_steps"],  # optimizer steps at most
+    seed: int = 0,  # seeds the update order (the demonstrations are TOOL_USE_SFT's)
+    progress: bool = False,  # text progress lines
+    stop_at_reward: float | None = TOOL_USE_SFT["stop_at_reward"],  # stop once the probe's reward reaches it (None: never)
+):  # the SFT metrics DataFrame (its eval/reward rows are the probe's)
+    "SFT on calculator demonstrations with `rlnb.sft.sft` (settings: TOOL_USE_SFT), stopped once half-learned."
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"sft_tool_use_model: `max_steps` must be an int >= 1, got {max_steps!r}")
+    cfg, task = TOOL_USE_SFT, task or products_task()
+    demos = make_tool_demonstrations(task, cfg["demonstrations"], seed=cfg["demo_seed"] + seed)
+    probe = lambda state: {"eval/reward": evaluate_tool_use(state.model, tokenizer, task, seed=cfg["probe_seed"])["reward"]}
+    stop = lambda state, metrics: stop_at_reward is not None and metrics.get("eval/reward", 0.0) >= stop_at_reward
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        _, metrics = sft(model, tokenizer, demos, num_iterations=max_steps, batch_size=cfg["batch_size"],
+                         learning_rate=cfg["learning_rate"], seed=seed, progress=progress,
+                         eval_fn=probe if stop_at_reward is not None else None, eval_every=cfg["eval_every"], stop_fn=stop)
+    model.eval()
+    return metrics
+
+# %% ../nbs/14b_tool_use.ipynb #15adba46
+def tool_use_cache_path(
+    seed: int = 0,  # SFT seed
+    cache_dir: str | os.PathLike | None = None,  # see rlnb.tiny.tiny_cache_dir
+) -> Path:
+    "The folder `load_tool_use_model` uses for these settings."
+    base = tiny_cache_path("addition", cache_dir=cache_dir).name  # the tiny model's own settings, hashed
+    key = json.dumps(dict(version=2, sft=TOOL_USE_SFT, system=TOOL_SYSTEM_PROMPT, base=base), sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    return tiny_cache_dir(cache_dir) / f"tool-use-seed{seed}-{digest}"
+
+
+def load_tool_use_model(
+    seed: int = 0,  # SFT seed
+    cache_dir: str | os.PathLike | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
+    progress: bool = False,  # print SFT progress on a cold start
+):  # (model, tokenizer)
+    "The tiny addition model after a brief SFT on calculator demonstrations: trained on the first call, then cached."
+    from transformers import AutoModelForCausalLM
+    path = tool_use_cache_path(seed, cache_dir)
+    def build(folder: Path):
+        model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
+        metrics = sft_tool_use_model(model, tokenizer, seed=seed, progress=progress)
+        probes = metrics["eval/reward"].dropna() if "eval/reward" in metrics else []
+        model.save_pretrained(folder)
+        summary = dict(steps=int(metrics["iteration"].max()), probe_reward=float(probes.iloc[-1]) if len(probes) else None)
+        (folder / "sft_summary.json").write_text(json.dumps(summary))
+    with _LOCK:
+        build_atomically(path, build, lambda folder: (folder / "sft_summary.json").exists())
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, build_tokenizer()
 
 # %% ../nbs/14b_tool_use.ipynb #05a2fdb3
 TOOL_USE_RL = dict(num_iterations=100, prompts_per_step=8, group_size=8, max_new_tokens=40, learning_rate=2e-4,
