@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/models.html.md"""
 
 # %% ../nbs/02_models.ipynb #a17859c9
 from __future__ import annotations
-import json
+import json, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -61,7 +61,9 @@ def apply_lora(
             raise ValueError(f"apply_lora: `target_modules` {missing or targets} match no module of {type(model).__name__}; "
                              f"its linear projections are {available}")
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft asks transformers >= 5 for a property it has deprecated; nothing to act on
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
 
 # %% ../nbs/02_models.ipynb #1460f755
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,

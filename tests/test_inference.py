@@ -82,10 +82,16 @@ def test_shared_prompts_give_the_full_pass_logprobs_and_gradients(tiny, prompts,
     rs = [Rollout("", prompt_token_ids=g.metadata["prompt_token_ids"], token_ids=g.token_ids) for g in gens]
     cb = collate(rs, tok.pad_token_id, tok.eos_token_id)
     C, adapters = cb.completion_ids.shape[1], [p for p in policy.parameters() if p.requires_grad]
-    out = {}
+    out, rows = {}, []
+    hook = policy.get_base_model().model.register_forward_pre_hook(lambda m, args, kw: rows.append(len(kw["input_ids"])),
+                                                                    with_kwargs=True)
     for share in (False, True):
+        rows.clear()
         lp = compute_logprobs_for_tokens(policy, cb.input_ids, cb.attention_mask, C, 0.8, micro_batch_size, share_prompts=share)
         out[share] = (lp * cb.completion_mask).detach(), torch.autograd.grad((lp * cb.completion_mask).sum(), adapters)
+        if share and micro_batch_size is None:  # the prompts really ran once each (a renamed cache argument once turned this off)
+            assert rows[0] == len(prompts), rows
+    hook.remove()
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
     for a, b in zip(out[True][1], out[False][1]):
         assert b.abs().sum() > 0

@@ -198,3 +198,35 @@ def test_grpo_trains_smollm2_with_lora(dtype):
     assert any(p.abs().sum() > 0 for p in lora.values()), "no LoRA weight moved (B starts at zero)"
     base = next(p for n, p in state.model.named_parameters() if "q_proj.base_layer" in n)
     assert base.dtype == getattr(torch, dtype)
+
+
+def test_the_papermill_notebook_trains_smollm2(tmp_path):
+    "`-p model smollm2`: the experiment notebook loads the real model, asks in words, trains and writes its files."
+    import papermill as pm
+
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    out = tmp_path / "run"
+    params = dict(
+        output_dir=str(out),
+        model="smollm2",
+        num_iterations=1,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=12,
+        temperature=0.7,
+        learning_rate=2e-4,
+        eval_every=1,
+        eval_size=4,
+    )
+    pm.execute_notebook(
+        str(root / "nbs" / "experiments" / "grpo_training.ipynb"),
+        str(tmp_path / "run.ipynb"),
+        cwd=str(root),
+        progress_bar=False,
+        parameters=params,
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["params"]["model"] == "smollm2" and summary["steps"] == 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval/format" in r for r in rows), "a chat task reports the reply's form"
+    assert (out / "reward_curve.png").stat().st_size > 0
