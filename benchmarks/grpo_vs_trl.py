@@ -13,6 +13,15 @@ processes (so each has its own peak), the peak memory of rlnb with no reference 
     python benchmarks/grpo_vs_trl.py --steps 10 --seeds 0 --skip-memory   # a quick look
     python benchmarks/grpo_vs_trl.py --algorithm dapo --skip-memory --plot ""  # rlnb's DAPO vs GRPOTrainer(loss_type="dapo")
     python benchmarks/grpo_vs_trl.py --algorithm rloo --skip-memory --plot ""  # rlnb's RLOO vs RLOOTrainer
+    python benchmarks/grpo_vs_trl.py --model smollm2 --prompts 4 --group 8 --max-new-tokens 16 --lr 2e-4 \
+        --temperature 0.7 --steps 8 --seeds 0 --skip-memory --eval-size 32 --plot benchmarks/grpo_vs_trl_smollm2.png
+
+`--model smollm2` runs both sides on SmolLM2-135M-Instruct (`rlnb.load_model("smollm2")`, float32) instead of the
+tiny model, on the chat version of the task (`rlnb.tasks.chat_task`: the question in words, the task's system prompt
+on both sides, reward (correct + 0.5 * form) / 1.5 on both sides, greedy accuracy with the system prompt). The memory
+probes are tiny-model only (skipped with a note for smollm2). Each step also records the process's peak RSS during
+that step (VmHWM reset just before it): both sides' models are resident throughout, so it is the process's peak while
+that side steps, and its growth over the RSS just before the step is the side's own transient memory.
 
 `--algorithm` picks the pair (ALGORITHM_PAIRS below): grpo (default) = rlnb's `grpo` vs `GRPOTrainer`; dapo = rlnb's `dapo`
 (decoupled clip 0.2 / 0.28, token-level loss, beta 0) vs `GRPOTrainer(loss_type="dapo", epsilon_high=0.28, beta=0)`, with
@@ -53,6 +62,9 @@ ALGORITHM_PAIRS = {
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="addition", help="rlnb task name (the tiny model is pre-trained on it)")
+    p.add_argument("--model", default="tiny", choices=["tiny", "smollm2"],
+                   help="tiny: the SFT tiny model on the task; smollm2: SmolLM2-135M-Instruct (float32) on "
+                        "chat_task(task)")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps (= rollout batches) for each side")
     p.add_argument("--prompts", type=int, default=8, help="distinct prompts per step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group size)")
@@ -82,6 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--wide-batch", default="2x4", help="prompts x group for the wide model's probes (small, so weights dominate)")
     p.add_argument("--plot", default=str(HERE / "grpo_vs_trl.png"), help="PNG of the reward curves ('' = none)")
     p.add_argument("--json", default="", help="write every measurement to this JSON file ('' = none)")
+    p.add_argument("--target", type=float, default=0.35, help="speed target: rlnb's seconds per step / TRL's (issue 9)")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # internal: run one memory probe and print JSON
     return p.parse_args(argv)
 
@@ -94,6 +107,59 @@ def load_sft(task: str):
     return model.float().train(), tok
 
 
+def load_policy(args):
+    "A fresh float32 copy of the model both sides train (`--model`), in train mode, and its tokenizer."
+    if args.model == "tiny": return load_sft(args.task)
+    from rlnb.models import load_model, load_tokenizer
+    return load_model(args.model).float().train(), load_tokenizer(args.model)
+
+
+def make_task(args):
+    "The task: `--task` as is for the tiny model; its chat version (system prompt, form reward) for a chat model."
+    from rlnb.tasks import get_task
+    if args.model == "tiny": return get_task(args.task)
+    from rlnb.tasks import chat_task
+    return chat_task(get_task(args.task))
+
+
+def text_reward(task):
+    """TRL's reward function: `task.reward_fn` computed from the completion text. For a chat task (one with
+    `format_check`): (correct + w * form) / (1 + w), w = the task's format weight; else 1.0 if correct, 0.0 if not."""
+    w, form = (task.params or {}).get("format_weight", 0.5), getattr(task, "format_check", None)
+    def score(text: str, answer: str) -> float:
+        if form is None: return 1.0 if task.check(text, answer) else 0.0
+        return (bool(task.check(text, answer)) + w * bool(form(text))) / (1 + w)
+    def reward(completions, answer, **kw) -> list[float]:
+        return [score(c[0]["content"] if isinstance(c, list) else c, a) for c, a in zip(completions, answer)]
+    reward.score, reward.__name__ = score, "correct" if form is None else "correct_and_form"
+    return reward
+
+
+def check_text_reward(task) -> None:
+    "Assert that TRL's reward function gives what `task.reward_fn` gives rlnb's rollouts, on a few completion texts."
+    from types import SimpleNamespace
+    score = text_reward(task).score
+    for e in task.sample(4, seed=1):
+        for text in (e.answer, f"The answer is {e.answer}.", f"{e.answer}. The answer is {e.answer}.",
+                     "The answer is 1000.", "I do not know", f"The answer is {e.answer}"):
+            rollout = SimpleNamespace(answer=e.answer, generation=SimpleNamespace(text=text))
+            assert abs(task.reward_fn(rollout) - score(text, e.answer)) < 1e-9, (text, e.answer)
+
+
+def shares_prompts(model) -> bool | None:
+    """Whether rlnb runs each distinct prompt once and shares its KV cache (in `batch_generate` and
+    `compute_logprobs_for_tokens`) for this model: its check, so a silent fallback to full passes shows."""
+    try: from rlnb.generation import _can_share_prompts
+    except ImportError: return None
+    return bool(_can_share_prompts(model))
+
+
+def messages(task, prompt: str) -> list[dict]:
+    "The chat messages of one prompt: the task's system prompt (if any), then the question."
+    return ([{"role": "system", "content": task.system_prompt}] if task.system_prompt else []) + [
+        {"role": "user", "content": prompt}]
+
+
 def lora_targets(model) -> list[str]:
     "Every linear projection except the head: what rlnb's `apply_lora(target_modules=None)` picks."
     import torch.nn as nn
@@ -101,10 +167,14 @@ def lora_targets(model) -> list[str]:
     return sorted({n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head})
 
 
-def greedy_accuracy(model, tok, examples, check, max_new_tokens: int) -> float:
-    "Greedy accuracy with plain `model.generate` (the same code for both sides' final models)."
+def greedy_accuracy(model, tok, examples, check, max_new_tokens: int, system_prompt: str | None = None,
+                    format_check=None) -> float | tuple[float, float]:
+    """Greedy accuracy with plain `model.generate` (the same code for both sides' final models), the prompts with
+    `system_prompt` if given; with `format_check`, (accuracy, fraction of replies with the required form)."""
     import torch
-    texts = [tok.apply_chat_template([{"role": "user", "content": e.prompt}], tokenize=False, add_generation_prompt=True) for e in examples]
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    texts = [tok.apply_chat_template(system + [{"role": "user", "content": e.prompt}], tokenize=False,
+                                     add_generation_prompt=True) for e in examples]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     was_training = model.training
     model.eval()
@@ -113,7 +183,9 @@ def greedy_accuracy(model, tok, examples, check, max_new_tokens: int) -> float:
                              eos_token_id=tok.eos_token_id)
     model.train(was_training)
     completions = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return sum(bool(check(c, e.answer)) for c, e in zip(completions, examples)) / len(examples)
+    accuracy = sum(bool(check(c, e.answer)) for c, e in zip(completions, examples)) / len(examples)
+    if format_check is None: return accuracy
+    return accuracy, sum(bool(format_check(c)) for c in completions) / len(examples)
 
 
 def peak_rss_mb() -> float:
@@ -140,7 +212,7 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     beta = args.beta if beta is None else beta
     ref_kind = ref_kind or ("lora" if beta > 0 else "none")
     set_seed(seed)
-    model, tok = model_tok if model_tok is not None else load_sft(args.task)
+    model, tok = model_tok if model_tok is not None else load_policy(args)
     targets = lora_targets(model)
     model = apply_lora(model, r=args.lora_r, alpha=2 * args.lora_r, dropout=0.0, target_modules=targets)
     gc.collect()
@@ -166,15 +238,29 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     rollout_fn = create_rollout_fn(task.reward_fn, system_prompt=task.system_prompt)  # top_p 1, top_k off: plain sampling
     state = TrainingState(0, 0, model, optimizer, scheduler, ref_model=ref, metadata={"config": tcfg})
     return dict(side="rlnb", state=state, tok=tok, task=task, rollout_fn=rollout_fn, algo=algo, tcfg=tcfg, ref=ref, ref_kind=ref_kind,
-                targets=targets, rss_before_ref_mb=rss_before_ref, peak_reset=peak_reset, step_s=[], cpu_s=[], rewards=[], kl=[], rollout_s=[])
+                targets=targets, rss_before_ref_mb=rss_before_ref, peak_reset=peak_reset, step_s=[], cpu_s=[],
+                rewards=[], kl=[], rollout_s=[], track_rss=args.probe is None, step_rss=[])
+
+
+def rss_mark(track: bool) -> float | None:
+    "With `track`: reset the peak-RSS mark and return the RSS now (MiB), the start of one step's memory reading."
+    if not track: return None
+    reset_peak_rss(); return current_rss_mb()
+
+
+def rss_read(before: float | None) -> tuple[float, float] | None:
+    "(peak RSS since `rss_mark`, RSS just before it) in MiB, or None when not tracked."
+    return None if before is None else (peak_rss_mb(), before)
 
 
 def rlnb_step(ctx: dict, prompts) -> None:
     "One rlnb iteration (sample the group rollouts, score, one GRPO update): `training_iteration`, timed."
     from rlnb.training import training_iteration
+    rss = rss_mark(ctx["track_rss"])  # not in the memory probes: they read the peak over all their steps
     t, c = time.perf_counter(), time.process_time()
     state, _, stats = training_iteration(ctx["state"], prompts, ctx["tok"], ctx["tcfg"], ctx["rollout_fn"], ctx["algo"])
     ctx["step_s"].append(time.perf_counter() - t); ctx["cpu_s"].append(time.process_time() - c)
+    if rss is not None: ctx["step_rss"].append(rss_read(rss))
     m = stats.custom_metrics or {}
     ctx["state"] = state
     ctx["rewards"].append(m.get("reward/mean")); ctx["kl"].append(m.get("kl/mean")); ctx["rollout_s"].append(m.get("time/rollout_s"))
@@ -183,13 +269,14 @@ def rlnb_step(ctx: dict, prompts) -> None:
 def finish_rlnb(ctx: dict) -> dict:
     model = ctx["state"].model
     return dict(side="rlnb", step_s=ctx["step_s"], cpu_s=ctx["cpu_s"], rewards=ctx["rewards"], kl=ctx["kl"], rollout_s=ctx["rollout_s"],
+                step_rss=ctx["step_rss"],
                 trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad), targets=ctx["targets"],
                 ref_kind=ctx["ref_kind"], model=model, tok=ctx["tok"])
 
 
 # ------------------------------------------------------------------------------------------------------------------ TRL
 def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dict:
-    """TRL's GRPOTrainer on a fresh SFT tiny model; per-step times and rewards from a callback.
+    """TRL's GRPOTrainer on a fresh copy of the model (`load_policy`); per-step times and rewards from a callback.
     With `rlnb_ctx`, one rlnb step runs between TRL's steps (before TRL's odd steps, after its even ones), outside
     TRL's timed window, so both sides see the same machine load over time."""
     import torch
@@ -203,21 +290,23 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
     from rlnb.core import set_seed
 
     set_seed(seed)
-    model, tok = load_sft(args.task)
+    model, tok = load_policy(args)
     targets = lora_targets(model)
-    rows = [{"prompt": [{"role": "user", "content": ex.prompt}], "answer": ex.answer} for step in prompts for ex in step]
+    rows = [{"prompt": messages(task, ex.prompt), "answer": ex.answer} for step in prompts for ex in step]
     dataset = Dataset.from_list(rows)  # in step order; shuffle_dataset=False keeps it so
-
-    def correct(completions, answer, **kw) -> list[float]:
-        return [1.0 if task.check(c[0]["content"] if isinstance(c, list) else c, a) else 0.0 for c, a in zip(completions, answer)]
+    correct = text_reward(task)  # = task.reward_fn on the completion text (rlnb's rollout_fn calls task.reward_fn)
 
     class Timer(TrainerCallback):
-        def __init__(self): self.t, self.c, self.step_s, self.cpu_s, self.logs, self.k = 0.0, 0.0, [], [], [], 0
+        def __init__(self):
+            self.t, self.c, self.step_s, self.cpu_s, self.logs, self.k = 0.0, 0.0, [], [], [], 0
+            self.rss, self.step_rss = None, []  # peak RSS during each step (see rss_mark)
         def on_step_begin(self, a, state, control, **kw):
             if rlnb_ctx is not None and self.k % 2 == 1: rlnb_step(rlnb_ctx, prompts[self.k])
+            self.rss = rss_mark(True)
             self.t, self.c = time.perf_counter(), time.process_time()
         def on_step_end(self, a, state, control, **kw):
             self.step_s.append(time.perf_counter() - self.t); self.cpu_s.append(time.process_time() - self.c)
+            self.step_rss.append(rss_read(self.rss))
             if rlnb_ctx is not None and self.k % 2 == 0: rlnb_step(rlnb_ctx, prompts[self.k])
             self.k += 1
         def on_log(self, a, state, control, logs=None, **kw):
@@ -252,7 +341,8 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
     trainer.train()
     policy = trainer.model
     return dict(side="trl", setup_s=setup_s, step_s=timer.step_s, cpu_s=timer.cpu_s, rewards=[l["reward"] for l in timer.logs],
-                kl=[l.get("kl") for l in timer.logs], rollout_s=rollout_s, trainable_params=sum(p.numel() for p in policy.parameters() if p.requires_grad),
+                kl=[l.get("kl") for l in timer.logs], rollout_s=rollout_s, step_rss=timer.step_rss,
+                trainable_params=sum(p.numel() for p in policy.parameters() if p.requires_grad),
                 targets=targets, model=policy, tok=tok)
 
 
@@ -272,7 +362,10 @@ def run_pair(args, task, seed: int, eval_examples) -> dict:
                 for k in range(args.steps): rlnb_step(ctx, prompts[k])
                 runs["rlnb"] = finish_rlnb(ctx)
     for run in runs.values():
-        if eval_examples: run["accuracy"] = greedy_accuracy(run["model"], run["tok"], eval_examples, task.check, args.max_new_tokens)
+        if eval_examples:
+            acc = greedy_accuracy(run["model"], run["tok"], eval_examples, task.check, args.max_new_tokens,
+                                  task.system_prompt, getattr(task, "format_check", None))
+            run["accuracy"], run["greedy_form"] = acc if isinstance(acc, tuple) else (acc, None)
         run.pop("model"); run.pop("tok")
     gc.collect()
     return runs
@@ -360,15 +453,20 @@ def std(xs):
 def summarize(run: dict, k: int = 5) -> dict:
     "One run's numbers: mean step time over steps 2..N (step 1 includes one-off warm-up), rewards at the start and the end."
     steady, cpu = run["step_s"][1:] or run["step_s"], run["cpu_s"][1:] or run["cpu_s"]
-    return dict(s_per_step=mean(steady), s_per_step_median=median(steady), cpu_s_per_step=mean(cpu), first_step_s=run["step_s"][0],
+    rss = [r for r in (run.get("step_rss") or [])[1:] if r is not None]  # step 1 also pages in mmapped weights
+    mem = dict(step_peak_rss_mb=max(p for p, _ in rss), step_rss_growth_mb=max(p - b for p, b in rss)) if rss else {}
+    return dict(**mem,
+                s_per_step=mean(steady), s_per_step_median=median(steady), cpu_s_per_step=mean(cpu),
+                first_step_s=run["step_s"][0],
                 reward_start=mean(run["rewards"][:k]), reward_end=mean(run["rewards"][-k:]), reward_mean=mean(run["rewards"]),
-                accuracy=run.get("accuracy"), rollout_s_per_step=mean(run["rollout_s"][1:]),
+                accuracy=run.get("accuracy"), greedy_form=run.get("greedy_form"),
+                rollout_s_per_step=mean(run["rollout_s"][1:]),
                 update_s_per_step=mean([a - b for a, b in zip(run["step_s"][1:], run["rollout_s"][1:])]))
 
 
 def over_seeds(per_seed: list[dict]) -> dict:
     "Mean and std over seeds of every number in the per-seed summaries."
-    keys = [k for k, v in per_seed[0].items() if isinstance(v, (int, float))]
+    keys = [k for k, v in per_seed[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return {k: (mean([s[k] for s in per_seed]), std([s[k] for s in per_seed])) for k in keys}
 
 
@@ -386,8 +484,10 @@ def plot(all_runs: list[dict], args, path: str):
         for c in curves: ax.plot(steps, c[:n], color=colors[side], alpha=0.25, lw=1)
         ax.plot(steps, [mean([c[i] for c in curves]) for i in range(n)], color=colors[side], lw=2.5, label=f"{label} (mean of {len(curves)} seeds)")
         bx.plot(steps, [mean([t[i] for t in times]) for i in range(n)], color=colors[side], lw=2, marker="o", ms=3, label=label)
-    ax.set(title=f"Mean sampled reward per step: {args.task}, {args.prompts} prompts x {args.group}, LoRA r={args.lora_r}",
-           xlabel="optimizer step", ylabel="mean reward (fraction correct)", ylim=(-0.02, 1.02))
+    model = "" if args.model == "tiny" else f"{args.model}, "
+    ylabel = "mean reward (fraction correct)" if args.model == "tiny" else "mean reward ((correct + 0.5 form) / 1.5)"
+    ax.set(title=f"Mean sampled reward per step: {model}{args.task}, {args.prompts} prompts x {args.group}, "
+                 f"LoRA r={args.lora_r}", xlabel="optimizer step", ylabel=ylabel, ylim=(-0.02, 1.02))
     bx.set(title=f"Seconds per step (CPU, {args.threads} thread(s), mean over seeds)", xlabel="optimizer step", ylabel="seconds", ylim=(0, None))
     for a in (ax, bx): a.grid(alpha=0.3); a.legend()
     fig.tight_layout()
@@ -400,7 +500,11 @@ def print_table(summary: dict, nseeds: int):
             ("  of which sampling + scoring", "rollout_s_per_step", "{:.3f}"), ("  of which the update", "update_s_per_step", "{:.3f}"),
             ("process CPU seconds / step", "cpu_s_per_step", "{:.3f}"), ("first step, s (warm-up)", "first_step_s", "{:.2f}"),
             ("mean reward, first 5 steps", "reward_start", "{:.3f}"), ("mean reward, last 5 steps", "reward_end", "{:.3f}"),
-            ("mean reward, all steps", "reward_mean", "{:.3f}"), ("greedy accuracy after (held-out)", "accuracy", "{:.3f}")]
+            ("mean reward, all steps", "reward_mean", "{:.3f}"),
+            ("greedy accuracy after (held-out)", "accuracy", "{:.3f}"),
+            ("greedy replies with the form", "greedy_form", "{:.3f}"),
+            ("peak RSS during a step, MiB (process)", "step_peak_rss_mb", "{:.0f}"),
+            ("  its growth over the RSS before, MiB", "step_rss_growth_mb", "{:.0f}")]
     r, t = summary["rlnb"], summary["trl"]
     pm = lambda v, f: f.format(v[0]) + (" ± " + f.format(v[1]) if nseeds > 1 else "")
     print(f"\n{'(mean ± std over %d seed%s)' % (nseeds, 's' if nseeds > 1 else ''):38s} {'rlnb':>16s} {'TRL':>16s} {'rlnb/TRL':>9s}")
@@ -417,16 +521,20 @@ def main(argv=None):
         return
     torch = setup_torch(args.threads)
     import peft, transformers, trl
-    from rlnb.tasks import get_task
-    task = get_task(args.task)
+    task = make_task(args)
+    check_text_reward(task)  # TRL's reward function = task.reward_fn
     seeds = [int(x) for x in args.seeds.split(",")]
     eval_examples = task.sample(args.eval_size, seed=987_654) if args.eval_size else []
     t_load = time.perf_counter()
-    load_sft(args.task)  # make sure the cached SFT model exists before anything is timed
+    model = load_policy(args)[0]  # the cached model (SFT tiny or converted GGUF) exists before anything is timed
     t_load = time.perf_counter() - t_load
+    shares = shares_prompts(model); del model
     load_start = os.getloadavg()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, peft {peft.__version__}; "
           f"{torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load average {load_start[0]:.1f} (1 min)")
+    chat = f" (chat; system prompt {task.system_prompt!r})" if task.system_prompt else ""
+    print(f"model {args.model}, task {task.name}{chat}; rlnb's shared-prompt prefill (sampling and log-probs): "
+          + {True: "on", False: "OFF (its check finds no KV-cache argument in the model's forward)", None: "?"}[shares])
     print(f"{args.steps} steps x {args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens, lr {args.lr}, "
           f"LoRA r={args.lora_r} alpha={2 * args.lora_r}, beta {args.beta}, T={args.temperature}, algorithm {args.algorithm} (rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']} vs TRL "
           f"{ALGORITHM_PAIRS[args.algorithm]['trl']} {ALGORITHM_PAIRS[args.algorithm]['trl_config'] or ''})"
@@ -447,12 +555,16 @@ def main(argv=None):
     print_table(summary, len(seeds))
     r, t = summary["rlnb"], summary["trl"]
     speed = r["s_per_step"][0] / t["s_per_step"][0]
-    print(f"\nspeed: rlnb takes {speed:.2f}x TRL's seconds per step (target <= 0.5x: {'met' if speed <= 0.5 else 'NOT met'})")
+    cpu = r["cpu_s_per_step"][0] / t["cpu_s_per_step"][0]
+    print(f"\nspeed: rlnb takes {speed:.2f}x TRL's seconds per step, {cpu:.2f}x its CPU seconds per step "
+          f"(target <= {args.target}x: {'met' if speed <= args.target else 'NOT met'})")
     print(f"reward: last 5 steps rlnb {r['reward_end'][0]:.3f} vs TRL {t['reward_end'][0]:.3f}; all steps {r['reward_mean'][0]:.3f} vs "
           f"{t['reward_mean'][0]:.3f} (at least as good: {'yes' if r['reward_mean'][0] >= t['reward_mean'][0] - 1e-9 else 'no'})")
     print(f"{elapsed:.0f} s for the comparison; load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end (1 min)")
     memory = []
-    if not args.skip_memory:
+    if not args.skip_memory and args.model != "tiny":
+        print("\n(memory probes: tiny model only; skipped for --model " + args.model + ")")
+    elif not args.skip_memory:
         print(f"\n== peak memory of rlnb, one process each: no reference (beta 0) / LoRA reference (adapters off) / frozen copy; "
               f"beta {args.memory_beta}, {args.memory_steps} steps ==", flush=True)
         memory = run_memory_probes(args)
@@ -468,7 +580,8 @@ def main(argv=None):
     if args.json:
         info = dict(args=vars(args), versions=dict(torch=torch.__version__, transformers=transformers.__version__, trl=trl.__version__,
                     peft=peft.__version__, python=platform.python_version()), cpus=os.cpu_count(), load_average=dict(start=load_start, end=load_end),
-                    sft_load_s=t_load, elapsed_s=elapsed, summary=summary, per_seed=per_seed, runs=all_runs, memory=memory)
+                    model_load_s=t_load, shared_prompt_prefill=shares,
+                    elapsed_s=elapsed, summary=summary, per_seed=per_seed, runs=all_runs, memory=memory)
         Path(args.json).write_text(json.dumps(info, indent=1, default=str)); print(f"json: {args.json}")
 
 
