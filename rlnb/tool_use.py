@@ -146,20 +146,22 @@ def sft_tool_use_model(
     max_steps: int = TOOL_USE_SFT["max_steps"],  # optimizer steps at most
     seed: int = 0,  # seeds the update order (the demonstrations are TOOL_USE_SFT's)
     progress: bool = False,  # text progress lines
-    stop_at_reward: float | None = TOOL_USE_SFT["stop_at_reward"],  # stop once the probe's reward reaches it (None: never)
+    stop_at_reward: float | None = TOOL_USE_SFT["stop_at_reward"],  # stop when the probe's reward reaches it
 ):  # the SFT metrics DataFrame (its eval/reward rows are the probe's)
     "SFT on calculator demonstrations with `rlnb.sft.sft` (settings: TOOL_USE_SFT), stopped once half-learned."
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"sft_tool_use_model: `max_steps` must be an int >= 1, got {max_steps!r}")
     cfg, task = TOOL_USE_SFT, task or products_task()
     demos = make_tool_demonstrations(task, cfg["demonstrations"], seed=cfg["demo_seed"] + seed)
-    probe = lambda state: {"eval/reward": evaluate_tool_use(state.model, tokenizer, task, seed=cfg["probe_seed"])["reward"]}
+    def probe(state) -> dict:  # the reward on prompts of its own, not the held-out ones
+        return {"eval/reward": evaluate_tool_use(state.model, tokenizer, task, seed=cfg["probe_seed"])["reward"]}
     stop = lambda state, metrics: stop_at_reward is not None and metrics.get("eval/reward", 0.0) >= stop_at_reward
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         _, metrics = sft(model, tokenizer, demos, num_iterations=max_steps, batch_size=cfg["batch_size"],
                          learning_rate=cfg["learning_rate"], seed=seed, progress=progress,
-                         eval_fn=probe if stop_at_reward is not None else None, eval_every=cfg["eval_every"], stop_fn=stop)
+                         eval_fn=probe if stop_at_reward is not None else None, eval_every=cfg["eval_every"],
+                         stop_fn=stop)
     model.eval()
     return metrics
 
@@ -188,7 +190,8 @@ def load_tool_use_model(
         metrics = sft_tool_use_model(model, tokenizer, seed=seed, progress=progress)
         probes = metrics["eval/reward"].dropna() if "eval/reward" in metrics else []
         model.save_pretrained(folder)
-        summary = dict(steps=int(metrics["iteration"].max()), probe_reward=float(probes.iloc[-1]) if len(probes) else None)
+        last = float(probes.iloc[-1]) if len(probes) else None
+        summary = dict(steps=int(metrics["iteration"].max()), probe_reward=last)
         (folder / "sft_summary.json").write_text(json.dumps(summary))
     with _LOCK:
         build_atomically(path, build, lambda folder: (folder / "sft_summary.json").exists())

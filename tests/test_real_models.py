@@ -10,7 +10,7 @@ import torch
 
 import rlnb.real_models as real_models
 from rlnb.chat import apply_chat_template
-from rlnb.core import Generation, GenerationConfig, Message, collate, create_training_config
+from rlnb.core import Generation, GenerationConfig, Message, ModelConfig, collate, create_training_config
 from rlnb.logprobs import compute_logprobs_for_tokens
 from rlnb.models import load_model, load_tokenizer
 from rlnb.multiturn import EnvStep, Environment, create_multiturn_rollout
@@ -42,7 +42,7 @@ def test_smollm2_loads_from_the_cached_conversion(smol):
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
     load_model("smollm2")  # a second load reads the same folder: no new conversion
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
-    bf16 = load_model(real_models.ModelConfig("smollm2", dtype="bfloat16"))
+    bf16 = load_model(ModelConfig("smollm2", dtype="bfloat16"))
     assert next(bf16.parameters()).dtype == torch.bfloat16
 
 
