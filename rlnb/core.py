@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, reprlib, shutil, tempfile
+import difflib, inspect, json, math, os, random, re, reprlib, tempfile
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -17,7 +17,7 @@ from torch import Tensor
 __all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
            'TrainingStats', 'TrainingState', 'create_training_config', 'CollatedBatch', 'collate', 'set_seed',
            'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'model_device', 'pad_token_id',
-           'is_peft_model', 'GroupStats', 'group_stats', 'default_cache_dir', 'build_atomically']
+           'is_peft_model', 'GroupStats', 'group_stats']
 
 # %% ../nbs/00_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -471,28 +471,3 @@ def group_stats(
     std = (zeros.index_add(0, index, (values - mean[index]) ** 2) / dof).sqrt()  # (G,)
     if unbiased: std = torch.where(count > 1, std, zeros)
     return GroupStats(index, count, mean, std, lo, hi)
-
-# %% ../nbs/00_core.ipynb #8bc44f7e
-def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    "Where rlnb caches what it builds: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
-    return Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
-
-# %% ../nbs/00_core.ipynb #9c8d9517
-def build_atomically(
-    path: Path,  # the folder to create
-    build: Callable[[Path], None],  # writes the folder's files into the (temporary) folder it is handed
-    complete: Callable[[Path], bool],  # whether a folder holds a finished build
-) -> Path:
-    "Build `path` unless complete, in a temporary sibling renamed into place: never half a folder. Returns `path`."
-    path = Path(path)
-    if complete(path): return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))  # same filesystem: rename is atomic
-    try:
-        build(tmp)
-        try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first
-        except OSError:
-            if not complete(path): raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .core import build_atomically, default_cache_dir
+from .cache import build_atomically, default_cache_dir
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 
 # %% auto #0

@@ -13,7 +13,8 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from .core import Batch, GenerationConfig, Rollout, build_atomically
+from .cache import build_atomically
+from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
 from .models import prepare_tokenizer, _auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn

@@ -16,7 +16,8 @@ from typing import Any, Callable, NamedTuple
 __all__ = ['TASKS', 'TaskExample', 'Task', 'parse_number', 'extract_number', 'check_number', 'check_exact', 'safe_eval',
            'expression_numbers', 'make_reward_fn', 'make_task', 'addition_task', 'arithmetic_task', 'check_countdown',
            'countdown_task', 'reverse_task', 'list_tasks', 'get_task', 'extract_gsm8k_answer', 'load_jsonl_dataset',
-           'check_extracted_number', 'make_dataset_task', 'final_answer', 'has_answer_form', 'chat_task']
+           'check_extracted_number', 'make_dataset_task', 'final_answer', 'has_answer_form', 'chat_task',
+           'task_for_policy']
 
 # %% ../nbs/01_tasks.ipynb #118b43fe
 class TaskExample(NamedTuple):
@@ -386,3 +387,15 @@ def chat_task(
     default = f"Answer the question. End your reply with: The answer is <{'number' if numeric else 'answer'}>."
     params = {**(task.params or {}), "chat": True, "format_weight": format_weight}
     return Task(task.name, sample, check, reward_fn, system_prompt or default, params, has_answer_form)
+
+# %% ../nbs/01_tasks.ipynb #05ffb8c7
+def task_for_policy(
+    name: str,  # a registered task name (TrainingConfig.task)
+    model: str,  # the policy's name (TrainingConfig.model)
+    task_format: str = "auto",  # "plain", "chat", or "auto": chat unless the model is "tiny"
+) -> Task:
+    "The task `name` as the policy is asked it: in words (`chat_task`) for a chat model, else as registered."
+    if task_format not in ("auto", "plain", "chat"):
+        raise ValueError(f"task_for_policy: `task_format` must be 'auto', 'plain' or 'chat', got {task_format!r}")
+    chat = task_format == "chat" or (task_format == "auto" and model != "tiny")
+    return chat_task(get_task(name)) if chat else get_task(name)

@@ -12,7 +12,8 @@ from typing import Callable
 
 import torch
 
-from .core import ModelConfig, build_atomically, default_cache_dir
+from .cache import build_atomically, default_cache_dir
+from .core import ModelConfig
 from .training import default_num_threads
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 from .rollouts import evaluate_accuracy

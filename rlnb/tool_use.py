@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .core import (Batch, Conversation, GenerationConfig, Message, TrainingConfig, build_atomically,
-                       create_training_config)
+from .cache import build_atomically
+from .core import Batch, Conversation, GenerationConfig, Message, TrainingConfig, create_training_config
 from .tasks import Task, TaskExample, check_number, make_task
 from .tools import calculator
 from .multiturn import create_multiturn_rollout, create_multiturn_rollout_fn

@@ -16,7 +16,7 @@ from torch import Tensor
 from .core import (Batch, CollatedBatch, Conversation, GenerationConfig, ModelConfig, TrainingConfig, TrainingState,
                        TrainingStats, collate, create_training_config, group_stats, is_peft_model,
                        model_device, pad_token_id, set_seed)
-from .tasks import Task, chat_task, get_task
+from .tasks import Task, get_task, task_for_policy
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
@@ -29,8 +29,7 @@ from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
-           'create_training_state', 'default_num_threads', 'training_step', 'training_iteration', 'task_for_policy',
-           'train']
+           'create_training_state', 'default_num_threads', 'training_step', 'training_iteration', 'train']
 
 # %% ../nbs/13_training.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -342,12 +341,6 @@ def _build_policy(config: TrainingConfig, model, tokenizer):
         model = apply_lora(model, r=config.lora_r, alpha=2 * config.lora_r, dropout=0.0)
     return model, tokenizer
 
-
-def task_for_policy(config: TrainingConfig) -> Task:
-    "config.task as the policy is asked it: in words for a chat model (task_format 'chat', or 'auto' and not tiny)."
-    chat = config.task_format == "chat" or (config.task_format == "auto" and config.model != "tiny")
-    return chat_task(get_task(config.task)) if chat else get_task(config.task)
-
 # %% ../nbs/13_training.ipynb #ca51e1a2
 def train(
     config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
@@ -394,7 +387,7 @@ def train(
         raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, tool_parser, system_prompt), not both")
     if prompts is not None and prompt_loader is not None: raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
     own_prompts = prompts is not None or prompt_loader is not None
-    task = task_for_policy(config) if not (own_prompts and given["reward_fn"] and given["eval_fn"]) else None
+    task = task_for_policy(config.task, config.model, config.task_format) if not (own_prompts and given["reward_fn"] and given["eval_fn"]) else None
     beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
     algo = algorithm_config or create_algorithm_config(config.algorithm, config.algorithm_options, **beta)
     first = algo(0) if callable(algo) else algo

@@ -16,9 +16,9 @@ from rlnb.models import load_model, load_tokenizer
 from rlnb.multiturn import EnvStep, Environment, create_multiturn_rollout
 from rlnb.real_models import GGUF_SOURCE_FILE, gguf_cache_path, inspect_gguf, load_gguf, smollm2_gguf_path
 from rlnb.rollouts import create_batch_rollouts
-from rlnb.tasks import chat_task, get_task
+from rlnb.tasks import chat_task, get_task, task_for_policy
 from rlnb.tools import calculator
-from rlnb.training import task_for_policy, train
+from rlnb.training import train
 from rlnb.viewer import rollout_html, token_values
 
 torch.set_num_threads(int(os.environ.get("RLNB_NUM_THREADS", "1")))
@@ -184,7 +184,7 @@ def test_grpo_trains_smollm2_with_lora(dtype):
         eval_every=2,
         eval_size=4,
     )
-    assert task_for_policy(config).params["chat"]  # "auto": a model other than tiny is asked in words
+    assert task_for_policy(config.task, config.model, config.task_format).params["chat"]  # "auto": not tiny: words
     rows = []
     by_length = lambda rollout: (
         len(rollout.generation.text) / 64
