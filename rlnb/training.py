@@ -387,7 +387,8 @@ def train(
         raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, tool_parser, system_prompt), not both")
     if prompts is not None and prompt_loader is not None: raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
     own_prompts = prompts is not None or prompt_loader is not None
-    task = task_for_policy(config.task, config.model, config.task_format) if not (own_prompts and given["reward_fn"] and given["eval_fn"]) else None
+    own_task = not (own_prompts and given["reward_fn"] and given["eval_fn"])
+    task = task_for_policy(config.task, config.model, config.task_format) if own_task else None
     beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
     algo = algorithm_config or create_algorithm_config(config.algorithm, config.algorithm_options, **beta)
     first = algo(0) if callable(algo) else algo
