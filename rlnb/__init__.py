@@ -1,8 +1,10 @@
 """Reinforcement learning for LLM post-training, taught and built in notebooks
 
 Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
-shared helpers), `rlnb.cache` (folders built once), `rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers,
-`MODEL_LOADERS`, LoRA), `rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
+shared helpers), `rlnb.cache` (folders built once), `rlnb.tasks` (verifiable tasks, dataset loaders),
+`rlnb.models` (models and tokenizers,
+`MODEL_LOADERS`, LoRA), `rlnb.real_models` (SmolLM2 and any GGUF file, offline),
+`rlnb.chat` (chat templates, thinking), `rlnb.generation` (batched sampling, shared prompt
 prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls), `rlnb.rewards` (rewards, Pareto ranks and the
 reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`,
 prompt loaders), `rlnb.sampling` (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue`

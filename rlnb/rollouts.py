@@ -297,7 +297,7 @@ def greedy_rollouts(
     batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
 ) -> Batch:
     "One greedy completion per example, in one batched generation call: what evaluation reads."
-    if not examples: raise ValueError("evaluate_accuracy: `examples` is empty")
+    if not examples: raise ValueError("greedy_rollouts: `examples` is empty")
     if max_new_tokens is None:
         max_new_tokens = max(len(tokenizer.encode(str(e.answer), add_special_tokens=False)) for e in examples) + 2
     greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_return_sequences=1)
@@ -314,6 +314,7 @@ def evaluate_accuracy(
     batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
 ) -> float:
     "Fraction of `examples` answered correctly with greedy decoding (one batched generation call)."
+    if not examples: raise ValueError("evaluate_accuracy: `examples` is empty")
     batch = greedy_rollouts(model, tokenizer, examples, max_new_tokens, system_prompt, batch_size)
     return sum(bool(check(r.generation.text, r.answer)) for r in batch.rollouts) / len(batch)
 

@@ -23,6 +23,8 @@ from rlnb.viewer import rollout_html, token_values
 
 torch.set_num_threads(int(os.environ.get("RLNB_NUM_THREADS", "1")))
 TASK = chat_task(get_task("addition"))
+SMALL_RUN = dict(model="smollm2", prompts_per_step=2, group_size=4, temperature=0.7, learning_rate=2e-4, eval_every=2,
+                 eval_size=4)  # a few seconds of training on the real model
 
 
 @pytest.fixture(scope="module")
@@ -172,23 +174,11 @@ def test_sampled_multiturn_logprobs_match_recomputed_ones(smol):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_grpo_trains_smollm2_with_lora(dtype):
-    config = create_training_config(
-        model="smollm2",
-        dtype=dtype,
-        num_iterations=2,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=16,
-        temperature=0.7,
-        learning_rate=1e-3,
-        eval_every=2,
-        eval_size=4,
-    )
+    run = dict(SMALL_RUN, dtype=dtype, num_iterations=2, max_new_tokens=16, learning_rate=1e-3)
+    config = create_training_config(**run)
     assert task_for_policy(config.task, config.model, config.task_format).params["chat"]  # "auto": not tiny: words
     rows = []
-    by_length = lambda rollout: (
-        len(rollout.generation.text) / 64
-    )  # differs within almost every group: a gradient to follow
+    by_length = lambda rollout: len(rollout.generation.text) / 64  # differs within a group: a gradient to follow
     state = train(config, reward_fn=by_length, logger=lambda s, stats: rows.append(stats), progress=False)
     steps = [r for r in rows if r.custom_metrics.get("reward/mean") is not None]
     assert len(steps) == 2 and all(np.isfinite(r.loss) and np.isfinite(r.grad_norm) for r in steps)
@@ -206,18 +196,7 @@ def test_the_papermill_notebook_trains_smollm2(tmp_path):
 
     root = __import__("pathlib").Path(__file__).resolve().parent.parent
     out = tmp_path / "run"
-    params = dict(
-        output_dir=str(out),
-        model="smollm2",
-        num_iterations=1,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=12,
-        temperature=0.7,
-        learning_rate=2e-4,
-        eval_every=1,
-        eval_size=4,
-    )
+    params = dict(SMALL_RUN, output_dir=str(out), num_iterations=1, max_new_tokens=12, eval_every=1)
     pm.execute_notebook(
         str(root / "nbs" / "experiments" / "grpo_training.ipynb"),
         str(tmp_path / "run.ipynb"),
