@@ -1,5 +1,6 @@
 """Where SmolLM2's sampling time goes: one GRPO sampling call (8 prompts x 8 samples, 40 new tokens, T = 0.7) on the
-LoRA policy, the same call with the adapters merged and with them disabled, then a torch profile of the LoRA call.
+LoRA policy with its adapters live (`GenerationConfig(merge_lora=False)`), folded into the weights (the default) and
+disabled, then a torch profile of the default call.
 
     python benchmarks/smollm2_sampling.py            # 2 threads (torch's default here), about a minute
 
@@ -27,18 +28,19 @@ def main(argv=None):
     task = chat_task(get_task("addition"))
     prompts, gen = task.sample(8, seed=1), GenerationConfig(max_new_tokens=40, temperature=0.7, num_return_sequences=8)
 
-    def run(label: str) -> None:
+    def run(label: str, config: GenerationConfig = gen) -> None:
         torch.manual_seed(0)
         t0 = time.perf_counter()
-        batch = create_batch_rollouts(model, tok, prompts, gen, system_prompt=task.system_prompt)
+        batch = create_batch_rollouts(model, tok, prompts, config, system_prompt=task.system_prompt)
         tokens = sum(len(r.token_ids) for r in batch.rollouts)
         print(f"{label:18s} {time.perf_counter() - t0:6.2f} s, {tokens} tokens", flush=True)
 
     print(f"{torch.get_num_threads()} threads")
-    run("LoRA (warm-up)"); run("LoRA")
-    model.merge_adapter(); run("adapters merged"); model.unmerge_adapter()
+    run("warm-up")
+    run("adapters live", gen._replace(merge_lora=False))
+    run("adapters folded in")
     with model.disable_adapter(): run("adapters disabled")
-    with profile(activities=[ProfilerActivity.CPU]) as prof: run("LoRA, profiled")
+    with profile(activities=[ProfilerActivity.CPU]) as prof: run("folded, profiled")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 

@@ -26,7 +26,7 @@ __version__ = "0.0.1"
 
 # The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
 from .core import *
-from .cache import *  # default_cache_dir, build_atomically: folders built once
+from .cache import *  # default_cache_dir, build_atomically, load_from_folder, folder_lock: cached folders, locks
 from .tasks import *
 from .models import *
 from .real_models import *  # registers "smollm2" and ".gguf" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS

@@ -75,7 +75,7 @@ def compute_grpo_advantages(
     stats = group_stats(r, ids, unbiased=True)  # per group: mean (exact when all equal), sample std (n - 1)
     centered = r - stats.mean[stats.index]  # (B,); exactly 0 in a group whose rewards are all equal
     if scale == "none": return centered
-    if scale == "batch": std = r.std() if len(r) > 1 else r.new_zeros(())
+    if scale == "batch": std = group_stats(r, unbiased=True).std[0] if len(r) else r.new_zeros(())  # one group
     else: std = stats.std[stats.index]  # (B,)
     denom = std + eps  # 0 only with eps=0 and a spread too small for float32 (its square underflows)
     return torch.where((centered == 0) | (denom == 0), torch.zeros_like(centered), centered / denom)  # 0 stays 0 even with eps=0
@@ -169,6 +169,10 @@ def _kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_fn: Callable | 
     "Per-token KL by `kl_fn` (default `rlnb.kl.kl_k3`), 0 off the mask (padding may hold -inf or NaN, so it is replaced first)."
     zero = torch.zeros_like(logprobs)
     kl = (kl_fn or kl_k3)(torch.where(mask, logprobs, zero), torch.where(mask, ref_logprobs, zero))  # (B, C)
+    if not isinstance(kl, Tensor) or kl.shape != logprobs.shape:  # a (B,) or scalar result would broadcast silently
+        got = f"shape {tuple(kl.shape)}" if isinstance(kl, Tensor) else f"a {type(kl).__name__}"
+        raise ValueError(f"kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` returned {got}; expected a tensor of shape "
+                         f"{tuple(logprobs.shape)}, one KL value per token")
     return torch.where(mask, kl, zero)
 
 
@@ -284,6 +288,8 @@ class AlgorithmSpec(NamedTuple):
     whole_groups: bool = False  # its loss pairs rollouts of a group (DPO): a micro-batch must not split a group
     run_defaults: Mapping[str, Any] = MappingProxyType({})  # run-level knobs it expects, e.g. DAPO's dynamic sampling
     value_head: bool = False  # it learns a value function (PPO): the run keeps a value head and fills the batch's values
+    loss_units: Callable | None = None  # (batch, config) -> (B,): what its loss averages over, per row (DPO: pairs);
+    # None: the aggregation's tokens or rows. Micro-batches are weighted by it, so that they add up exactly
 
 
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",

@@ -7,12 +7,16 @@ Docs: https://rlnb.github.io/rlnb/cache.html.md"""
 
 # %% ../nbs/00b_cache.ipynb #146625bb
 from __future__ import annotations
-import os, shutil, tempfile
+import contextlib, errno, json, os, shutil, signal, socket, sys, tempfile, time, warnings
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
+
+try: import fcntl  # POSIX file locks
+except ImportError: fcntl = None  # Windows: folder_lock only records its holder
 
 # %% auto #0
-__all__ = ['default_cache_dir', 'build_atomically']
+__all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'load_from_folder', 'FolderInUseError', 'lock_holder',
+           'folder_lock', 'die_with_parent']
 
 # %% ../nbs/00b_cache.ipynb #8bc44f7e
 def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -38,3 +42,134 @@ def build_atomically(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+# %% ../nbs/00b_cache.ipynb #281b2e9e
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _damaged_file_error(e: BaseException) -> bool:
+    "Errors a damaged or truncated weight file raises (not: out of memory, a missing package, a wrong argument)."
+    if type(e).__name__ in ("OutOfMemoryError",) or isinstance(e, (ImportError, TypeError, MemoryError)): return False
+    if isinstance(e, (OSError, ValueError, EOFError, RuntimeError)): return True
+    return type(e).__name__ in ("SafetensorError", "UnpicklingError")
+
+
+def load_from_folder(
+    load: Callable[[], Any],  # loads from `folder`, e.g. lambda: AutoModelForCausalLM.from_pretrained(folder)
+    folder: str | os.PathLike,  # the local folder it reads
+    what: str = "the model",  # what is loaded, for the message
+) -> Any:
+    "`load()`, with a damaged-file failure reported as a ValueError naming `folder` and its weight files."
+    try: return load()
+    except Exception as e:
+        folder = Path(folder)
+        if not folder.is_dir() or not _damaged_file_error(e): raise  # a hub id, or not a file's fault
+        files = sorted(p.name for p in folder.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+        raise ValueError(f"could not load {what} from {folder} (weight files: {', '.join(files) or 'none'}): "
+                         f"{type(e).__name__}: {str(e)[:300]}. A truncated or damaged file? If rlnb built this folder "
+                         "(its cache), delete the folder and it is built again") from e
+
+# %% ../nbs/00b_cache.ipynb #efe72812
+LOCK_FILE = ".lock"  # in a locked folder: who holds it, as JSON
+_NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}  # filesystems without flock (some NFS)
+_HELD: set[int] = set()  # lock fds this process holds
+
+
+def _forget_locks_in_child() -> None:
+    "A forked child inherits the lock's file descriptor; it closes its copy, so that only the parent holds the lock."
+    for fd in list(_HELD):
+        _HELD.discard(fd)
+        with contextlib.suppress(OSError): os.close(fd)
+
+
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
+class FolderInUseError(RuntimeError):
+    "Another process holds the folder's lock; `holder` says who (pid, host, purpose, since)."
+    def __init__(self, folder: Path, holder: dict):
+        self.folder, self.holder = Path(folder), holder
+        who = ", ".join(f"{k} {holder[k]}" for k in ("purpose", "pid", "host", "since") if k in holder) or "unknown"
+        super().__init__(f"{str(folder)!r} is in use by another process ({who}); wait for it to finish or stop it "
+                         "first, or use another folder")
+
+    def __reduce__(self): return type(self), (self.folder, self.holder)  # crosses process boundaries (a sweep's runs)
+
+
+def _read_holder(path: Path) -> dict:
+    try: holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError): return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def lock_holder(
+    folder: str | os.PathLike,  # a folder that `folder_lock` may be holding
+    lock_file: str = LOCK_FILE,  # which of its locks
+) -> dict | None:
+    "Who holds `folder`'s lock ({pid, host, purpose, since}), or None if nobody does. Does not take the lock."
+    path = Path(folder) / lock_file
+    if fcntl is None or not path.is_file(): return None
+    try: fd = os.open(path, os.O_RDONLY)
+    except OSError: return None
+    try:
+        try: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError: return _read_holder(path)
+        except OSError as e:
+            if e.errno in _NO_LOCKS: return None
+            raise
+        return None  # we could take it: nobody holds it (closing the file lets go again)
+    finally: os.close(fd)
+
+
+def _take(fd: int, path: Path, folder: Path, wait_s: float = 2.0) -> bool:
+    "flock `fd` exclusively, retrying for `wait_s` (someone may be only asking who holds it); False: no locks here."
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline: raise FolderInUseError(folder, _read_holder(path)) from None
+            time.sleep(0.05)
+        except OSError as e:
+            if e.errno not in _NO_LOCKS: raise
+            warnings.warn(f"folder_lock: the filesystem of {folder} has no file locks; nothing stops a second writer")
+            return False
+
+
+@contextlib.contextmanager
+def folder_lock(
+    folder: str | os.PathLike,  # the folder to hold (created if missing)
+    purpose: str = "rlnb",  # what the holder is doing, for the error another writer gets
+    lock_file: str = LOCK_FILE,  # the lock's file in the folder (a folder can have several locks for several roles)
+) -> Iterator[Path]:
+    "Hold `folder` exclusively while the block runs; FolderInUseError if another process holds it. Yields the folder."
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / lock_file
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ValueError(f"folder_lock: {str(path)!r} exists and is not a plain file; remove it")
+    try: fd, writable = os.open(path, os.O_RDWR | os.O_CREAT, 0o644), True
+    except PermissionError: fd, writable = os.open(path, os.O_RDONLY), False  # another user's file: lock, do not write
+    try:
+        if fcntl is not None and _take(fd, path, folder): _HELD.add(fd)
+        if writable:
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            holder = dict(purpose=purpose, pid=os.getpid(), host=socket.gethostname(), since=since)
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(holder).encode())
+        yield folder
+    finally:
+        if writable: os.ftruncate(fd, 0)  # no stale name left behind
+        _HELD.discard(fd)
+        os.close(fd)  # lets go of the lock; the file stays (removing it would race with a new holder)
+
+# %% ../nbs/00b_cache.ipynb #97349ea6
+def die_with_parent(
+    parent_pid: int,  # the pid the child expects as its parent (os.getpid() in the parent, passed down)
+) -> None:
+    "Linux: SIGKILL this process when the thread that started it dies; exit at once if the parent is already gone."
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid: os._exit(1)  # the parent died before the request took effect

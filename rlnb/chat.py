@@ -47,7 +47,12 @@ def apply_chat_template(
 ) -> str:
     "Render a conversation as prompt text with the tokenizer's chat template (or a plain fallback)."
     conversation = _as_conversation(conversation, "apply_chat_template")
-    if template_fn is not None: return template_fn(conversation, tokenizer)
+    if template_fn is not None:
+        text = template_fn(conversation, tokenizer)
+        if not isinstance(text, str):
+            raise TypeError(f"apply_chat_template: `template_fn` returned a {type(text).__name__}; "
+                            "expected the prompt text (a str)")
+        return text
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         lines = [f"{m.role}: {m.content}" for m in conversation.messages]

@@ -112,8 +112,8 @@ def checkpoint_exists(
 
 # %% ../nbs/12_checkpoints.ipynb #192a67b5
 def _remove_checkpoint(folder: Path) -> None:
-    "Delete a checkpoint folder, its state.json first: a half-deleted folder never looks complete."
-    if not folder.is_dir(): folder.unlink(missing_ok=True); return
+    "Delete a checkpoint folder, state.json first (a half-deleted folder never looks complete); a link: only the link."
+    if folder.is_symlink() or not folder.is_dir(): folder.unlink(missing_ok=True); return
     (folder / "state.json").unlink(missing_ok=True)
     _fsync(folder)
     shutil.rmtree(folder, ignore_errors=True)
@@ -135,6 +135,10 @@ def save_checkpoint(
 ) -> Path:
     "Write `state` to the directory `path`, replacing it so that a complete checkpoint is reachable at every instant."
     path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):  # replacing it would delete through it, or a file
+        what = "a symbolic link" if path.is_symlink() else "a file"
+        raise ValueError(f"save_checkpoint: `path` {str(path)!r} is {what}, not a checkpoint folder; rlnb replaces "
+                         "checkpoint folders whole and will not delete through it: give a folder's own path")
     if saver is not None:
         saver(state, str(path)); return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,9 +150,12 @@ def save_checkpoint(
         if path.exists(): os.rename(path, old)  # from here to the next rename, load_checkpoint reads `old`
         os.rename(tmp, path)
         _fsync(path.parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not path.exists(): os.rename(old, path)  # put the previous checkpoint back
+        if isinstance(e, OSError) and str(path) not in str(e):  # e.g. the disk is full: say where, and what is kept
+            raise OSError(e.errno, f"save_checkpoint: writing the checkpoint {path} failed ({e.strerror or e}); "
+                                   "the previous checkpoint there, if any, is kept") from e
         raise
     _remove_checkpoint(old)
     return path
@@ -195,7 +202,30 @@ def _read_meta(file: Path) -> dict:
     missing = [k for k in _META_KEYS if k not in meta]
     if missing: raise ValueError(f"load_checkpoint: {file} lacks {missing}; it was not written by save_checkpoint")
     if meta["weights"] not in ("lora", "full"): raise ValueError(f"load_checkpoint: {file} has weights={meta['weights']!r}, expected 'lora' or 'full'")
+    for name in ("iteration", "global_step"):
+        value = meta[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"load_checkpoint: {file} has {name}={value!r}, expected an int >= 0: it is corrupt")
+    if not isinstance(meta["metadata"], dict):
+        raise ValueError(f"load_checkpoint: {file} has a {type(meta['metadata']).__name__} as metadata, not an object")
+    try: history = from_jsonable(meta["stats_history"])
+    except (KeyError, TypeError, ValueError) as e: history = e
+    if not isinstance(history, (list, tuple)):
+        raise ValueError(f"load_checkpoint: {file} has a stats_history that is not a list of records: it is corrupt")
     return meta
+
+
+_PER_WEIGHT_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+
+
+def _check_optimizer_shapes(file: Path, optimizer) -> None:
+    "Each parameter's optimizer state (AdamW's moments) has that parameter's shape: the same count is not enough."
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for k, v in optimizer.state.get(p, {}).items():  # Adam's and SGD's per-weight moments (8-bit or factored
+                if k in _PER_WEIGHT_STATE and isinstance(v, torch.Tensor) and v.shape != p.shape:  # ones differ)
+                    raise ValueError(f"load_checkpoint: {file} holds {k!r} of shape {tuple(v.shape)} for a parameter "
+                                     f"of shape {tuple(p.shape)}; the optimizer was saved for other parameters")
 
 
 def load_checkpoint(
@@ -217,7 +247,10 @@ def load_checkpoint(
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
         file = folder / "adapter_model.safetensors"
         weights = _load_safetensors(file, model)
-        _check_shapes(file, weights, get_peft_model_state_dict(model))
+        expected = get_peft_model_state_dict(model)
+        _check_shapes(file, weights, expected)
+        missing = [k for k in expected if k not in weights]
+        if missing: raise ValueError(f"load_checkpoint: {file} lacks adapter weights the model has: {missing[:5]}")
         res = set_peft_model_state_dict(model, weights)
         if getattr(res, "unexpected_keys", None): raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
     else: _load_full_weights(model, folder / "model.safetensors")
@@ -235,6 +268,7 @@ def load_checkpoint(
         state = _read(folder / name, lambda f: torch.load(f, weights_only=True, map_location=device if name == "optimizer.pt" else None))
         try: restore(state)
         except Exception as e: raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
+    if optimizer is not None: _check_optimizer_shapes(folder / "optimizer.pt", optimizer)
     return TrainingState(iteration=meta["iteration"], global_step=meta["global_step"], model=model, optimizer=optimizer,
                          scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])), metadata=meta["metadata"],
                          value_head=value_head)

@@ -10,6 +10,7 @@ import argparse, ast, logging, sys
 from pathlib import Path
 from typing import Sequence
 
+from .cache import FolderInUseError
 from .experiments import _progress_line, run_experiment, run_name, run_sweep
 
 # %% auto #0
@@ -82,13 +83,16 @@ def main(
         root = Path(args.output or Path("runs", stem))
         results = run_sweep(args.notebook, parse_params(args.param, several=True), seeds=args.seeds, output_root=root,
                             workers=args.workers, threads_per_run=args.threads, log_fn=say)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, FolderInUseError) as e:
         print(f"rlnb {args.command}: error: {e}", file=sys.stderr)
         return 2
-    failed = [r.run_id for r in results if r.status != "completed"]
-    say(f"{len(results) - len(failed)} of {len(results)} runs completed in {root}"
-        + (f"; failed: {' '.join(failed)} (the same command again retries them)" if failed else ""))
-    return 1 if failed else 0
+    failed = [r.run_id for r in results if r.status == "failed"]
+    busy = [r.run_id for r in results if r.status == "running"]  # another process is writing them: left alone
+    done = len(results) - len(failed) - len(busy)
+    say(f"{done} of {len(results)} runs completed in {root}"
+        + (f"; failed: {' '.join(failed)} (the same command again retries them)" if failed else "")
+        + (f"; in use elsewhere, left alone: {' '.join(busy)}" if busy else ""))
+    return 1 if failed or busy else 0
 
 # %% ../nbs/17b_cli.ipynb #eb20d540
 if __name__ == "__main__" and "IPython" not in sys.modules: sys.exit(main())  # `python -m rlnb.cli`, not in a notebook

@@ -49,6 +49,7 @@ class GenerationConfig(NamedTuple):
     stop_strings: tuple = ()  # extra strings that end a completion
     logprobs: bool = False  # also return per-token log-probs of the sampled tokens
     custom_params: dict | None = None  # extra kwargs for the generation backend
+    merge_lora: bool = True  # sample with LoRA adapters folded into a temporary copy of the weights (faster)
 
 # %% ../nbs/00_core.ipynb #9ae7fcbc
 class Message(NamedTuple):
@@ -199,6 +200,12 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
     "max_seconds": (0, False), "num_threads": (1, True),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
+_MAXIMA = {  # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends
+    "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 100_000,
+    "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
+    "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
+    "beta": 1e6, "temperature": 100.0}
+_MAX_ROWS = 1_000_000  # prompts_per_step x group_size: completions sampled per iteration
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
             "task_format": ("auto", "plain", "chat")}
 
@@ -242,7 +249,26 @@ def create_training_config(
             if v < low or (v == low and not inclusive):
                 raise ValueError(f"TrainingConfig: `{name}` must be {'>=' if inclusive else '>'} {low}, got {v!r}")
         if name in _CHOICES and v not in _CHOICES[name]: raise ValueError(f"TrainingConfig: `{name}` must be one of {_CHOICES[name]}, got {v!r}")
+        if name in _MAXIMA and v is not None and v > _MAXIMA[name]:
+            raise ValueError(f"TrainingConfig: `{name}` must be <= {_MAXIMA[name]:,}, got {v!r}")
+    _check_combined(values)
     return TrainingConfig(**values)
+
+
+def _check_combined(values: dict) -> None:
+    "The rules between fields: the iteration's size, where the run writes, beta given once."
+    if values["seed"] < -(2**63):
+        raise ValueError(f"TrainingConfig: `seed` must be >= -2**63 (torch's range), got {values['seed']!r}")
+    rows = values["prompts_per_step"] * values["group_size"]
+    if rows > _MAX_ROWS:
+        raise ValueError(f"TrainingConfig: prompts_per_step x group_size = {rows:,} completions per iteration; "
+                         f"the limit is {_MAX_ROWS:,}")
+    if values["output_dir"] is not None and not values["output_dir"].strip():
+        raise ValueError("TrainingConfig: `output_dir` is empty; give a folder, or None to keep nothing on disk")
+    options = values["algorithm_options"] or {}
+    if values["beta"] is not None and "beta" in options:
+        raise ValueError(f"TrainingConfig: `beta` is given twice, as a field ({values['beta']!r}) and in "
+                         f"algorithm_options ({options['beta']!r}); give it once")
 
 # %% ../nbs/00_core.ipynb #e70dd81a
 class CollatedBatch(NamedTuple):
@@ -399,6 +425,32 @@ def rollouts_to_jsonl(rollouts: Sequence[Rollout], path: str | Path, append: boo
     return path
 
 # %% ../nbs/00_core.ipynb #00bafbb2
+def _ints(x) -> bool:
+    if isinstance(x, Tensor): return x.dim() == 1 and not x.is_floating_point()
+    return isinstance(x, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _numbers(x) -> bool:  # bools count, as 0 and 1
+    if isinstance(x, Tensor): return x.dim() == 1
+    return isinstance(x, (list, tuple)) and all(isinstance(t, (int, float)) for t in x)
+
+
+def _rollout_type_problem(r: Rollout) -> str | None:
+    "What is of the wrong type in a rollout read from a file (the fields training reads), or None."
+    checks = [("prompt", isinstance(r.prompt, str), "a str"),
+              ("prompt_token_ids", _ints(r.prompt_token_ids), "a list of ints"),
+              ("token_ids", _ints(r.token_ids), "a list of ints"),
+              ("rewards", isinstance(r.rewards, (int, float)) or _numbers(r.rewards),
+               "a number or a list of numbers"),
+              ("group_index", r.group_index is None or type(r.group_index) is int, "an int or null")]
+    for name in ("loss_mask", "logprobs", "ref_logprobs"):
+        value = getattr(r, name)
+        checks.append((name, value is None or (_numbers(value) and len(value) == len(r.token_ids)),
+                       f"null or a list of {len(r.token_ids)} numbers (one per token)"))
+    bad = [f"`{name}` must be {want}, got {reprlib.repr(getattr(r, name))}" for name, ok, want in checks if not ok]
+    return "; ".join(bad) or None
+
+
 def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
     "Read rollouts written by `rollouts_to_jsonl`."
     out = []
@@ -410,6 +462,8 @@ def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
             except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
             except (KeyError, TypeError, ValueError, RuntimeError) as e: raise ValueError(f"{path}:{n}: not an rlnb record ({e})") from None
             if not isinstance(r, Rollout): raise ValueError(f"{path}:{n}: expected a Rollout record, got {type(r).__name__}")
+            problem = _rollout_type_problem(r)
+            if problem: raise ValueError(f"{path}:{n}: {problem}")
             out.append(r)
     return out
 
@@ -466,8 +520,13 @@ def group_stats(
     count = zeros.index_add(0, index, torch.ones_like(values))  # (G,)
     lo = values.new_full((G,), math.inf).scatter_reduce(0, index, values, "amin")
     hi = values.new_full((G,), -math.inf).scatter_reduce(0, index, values, "amax")
-    mean = torch.where(lo == hi, lo, zeros.index_add(0, index, values) / count)  # (G,) exact for constant groups
+    big = torch.maximum(lo.abs(), hi.abs())  # (G,) sums and squares are taken of values / a power of 2 above this:
+    scale = torch.ldexp(torch.ones_like(big), torch.frexp(big).exponent)  # exact division, and no overflow
+    scale = torch.where(big > 0, scale, 1.0)  # (G,)
+    scaled = values / scale[index]  # (B,) in [-1, 1]
+    mean = zeros.index_add(0, index, scaled) / count * scale  # (G,)
+    mean = torch.where(lo == hi, lo, mean)  # exact for constant groups
     dof = (count - 1).clamp(min=1) if unbiased else count
-    std = (zeros.index_add(0, index, (values - mean[index]) ** 2) / dof).sqrt()  # (G,)
+    std = (zeros.index_add(0, index, (scaled - mean[index] / scale[index]) ** 2) / dof).sqrt() * scale  # (G,)
     if unbiased: std = torch.where(count > 1, std, zeros)
     return GroupStats(index, count, mean, std, lo, hi)

@@ -7,7 +7,7 @@ Docs: https://rlnb.github.io/rlnb/dpo.html.md"""
 # %% ../nbs/10c_dpo.ipynb #7dae7aad
 from __future__ import annotations
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from .algorithms import ALGORITHMS, AlgorithmSpec, _check_2d, _check_finite, _ch
 
 # %% auto #0
 __all__ = ['PAIR_SELECTORS', 'best_vs_worst_pairs', 'all_ordered_pairs', 'compute_dpo_pairs', 'compute_dpo_loss',
-           'compute_dpo_advantages', 'dpo_policy_loss']
+           'compute_dpo_advantages', 'dpo_policy_loss', 'dpo_pairs_per_row']
 
 # %% ../nbs/10c_dpo.ipynb #3e221938
 def _first_where(hit: Tensor, index: Tensor, G: int) -> Tensor:
@@ -162,5 +162,14 @@ def dpo_policy_loss(
     return loss, {"loss/policy": metrics["loss/dpo"], **metrics}
 
 # %% ../nbs/10c_dpo.ipynb #072392b1
+def dpo_pairs_per_row(batch, config: Mapping) -> Tensor:
+    "(B,) how many of the batch's pairs each row is the chosen side of: DPO's loss is a mean over pairs."
+    selector, margin = config.get("pair_selector"), config.get("min_margin", 0.0)
+    pairs = compute_dpo_pairs(batch.rewards, batch.group_ids, selector, margin)  # (P, 2)
+    B = len(batch.rewards)
+    return torch.zeros(B, device=pairs.device).index_add(0, pairs[:, 0], torch.ones(len(pairs), device=pairs.device))
+
+
 ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_policy_loss, MappingProxyType(dict(
-    beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True)
+    beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True,
+    loss_units=dpo_pairs_per_row)

@@ -7,17 +7,18 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/17_experiments.ipynb #b4224387
 from __future__ import annotations
-import contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, shutil, socket, time
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+import contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, reprlib, shutil, socket, threading, time, warnings
+from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
+from .cache import LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, lock_holder
 from .core import create_training_config
 from .loggers import _LABELS, load_metrics
 
 # %% auto #0
-__all__ = ['STATUS_FILE', 'RunResult', 'check_run_params', 'run_name', 'expand_grid', 'run_experiment', 'run_sweep', 'Sweep',
-           'load_sweep', 'plot_sweep']
+__all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'MAX_KEPT_ATTEMPTS', 'RunResult', 'check_run_params', 'run_name',
+           'expand_grid', 'run_experiment', 'ProcessPerRun', 'run_sweep', 'Sweep', 'load_sweep', 'plot_sweep']
 
 # %% ../nbs/17_experiments.ipynb #1ba1bef7
 class RunResult(NamedTuple):
@@ -34,6 +35,9 @@ class RunResult(NamedTuple):
 
 # %% ../nbs/17_experiments.ipynb #17b95d96
 STATUS_FILE = "status.json"  # in each run folder: "running", "completed" or "failed", with the run's parameters
+RUN_LOCK_FILE = ".run.lock"  # held by the process that runs the notebook (the kernel's `train` holds LOCK_FILE)
+ATTEMPTS_DIR = "attempts"  # a failed or interrupted attempt's files, kept in attempts/<n>/ when the run is retried
+MAX_KEPT_ATTEMPTS = 3  # the newest failed attempts kept per run (older ones are deleted: disk is finite)
 
 
 def _write_json_atomic(path: Path, obj) -> None:
@@ -50,6 +54,22 @@ def _read_json(path: Path) -> dict | None:
     try: value = json.loads(Path(path).read_text())
     except (OSError, ValueError): return None
     return value if isinstance(value, dict) else None
+
+
+def _read_status(folder: Path) -> dict | None:
+    "A run folder's status, checked (None if it has none); a ValueError naming the file if it is not a run's status."
+    path = Path(folder) / STATUS_FILE
+    if not path.exists(): return None
+    status = _read_json(path)
+    if status is None: problem = "does not hold a JSON object"
+    elif status.get("status") not in ("running", "completed", "failed"):
+        problem = f"has status {reprlib.repr(status.get('status'))}, expected 'running', 'completed' or 'failed'"
+    elif not isinstance(status.get("params", {}), dict): problem = "has `params` that are not a JSON object"
+    elif not isinstance(status.get("attempt", 0), int) or isinstance(status.get("attempt"), bool):
+        problem = f"has attempt {reprlib.repr(status.get('attempt'))}, expected an int"
+    elif not isinstance(status.get("seconds") or 0, (int, float)): problem = "has `seconds` that are not a number"
+    else: return status
+    raise ValueError(f"{path} {problem}; it was not written by rlnb: fix or remove it")
 
 # %% ../nbs/17_experiments.ipynb #602fa438
 def check_run_params(
@@ -160,14 +180,61 @@ def _check_same_params(fn: str, out: Path, previous: dict, params: dict) -> None
                          f"({previous.get('params')}, not {params}); use another output folder, or delete that one")
 
 
-def _prepare_folder(fn: str, out: Path, previous: dict | None) -> None:
-    "An empty run folder: a failed or interrupted attempt is removed; files that are not a run's are an error."
-    if out.exists() and any(out.iterdir()):
-        if previous is None:
-            raise ValueError(f"{fn}: {str(out)!r} holds files but no {STATUS_FILE}, so it is not a run folder; "
-                             "choose a new or empty folder")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+def _folder_holder(out: Path, lock_files: tuple = (RUN_LOCK_FILE, LOCK_FILE)) -> dict | None:
+    "Who is writing a run folder now (its notebook's driver, or `train` in its kernel), or None."
+    for lock_file in lock_files:
+        holder = lock_holder(out, lock_file) if out.is_dir() else None
+        if holder is not None: return holder
+    return None
+
+
+def _check_not_in_use(fn: str, out: Path, lock_files: tuple = (RUN_LOCK_FILE, LOCK_FILE)) -> None:
+    "A run folder that a live process is writing is left alone: FolderInUseError, naming the process."
+    holder = _folder_holder(out, lock_files)
+    if holder is not None: raise FolderInUseError(out, holder)
+
+
+def _run_files(out: Path) -> list[Path]:
+    "The files of a run folder's current attempt: everything but its locks and its kept attempts."
+    if not out.is_dir(): return []
+    return sorted(p for p in out.iterdir() if p.name not in (LOCK_FILE, RUN_LOCK_FILE, ATTEMPTS_DIR))
+
+
+def _check_folder(fn: str, out: Path, previous: dict | None) -> None:
+    "A run goes into a new folder, an empty one, or a run folder (one with a status file); anything else is refused."
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"{fn}: {str(out)!r} is a link or a file, not a run folder; choose a folder's own path")
+    if _run_files(out) and previous is None:
+        raise ValueError(f"{fn}: {str(out)!r} holds files but no {STATUS_FILE}, so it is not a run folder; "
+                         "choose a new or empty folder")
+
+
+def _set_aside(out: Path, attempt: int) -> Path | None:
+    "Move a failed or interrupted attempt's files into attempts/<attempt>/: kept, and out of the next attempt's way."
+    files = _run_files(out)
+    if not files: return None
+    dest, k = out / ATTEMPTS_DIR / str(attempt), 1
+    while dest.exists(): dest, k = out / ATTEMPTS_DIR / f"{attempt}-{k}", k + 1
+    dest.mkdir(parents=True)
+    for f in files: os.rename(f, dest / f.name)  # a rename moves a link itself, never what it points to
+    kept = sorted((p for p in (out / ATTEMPTS_DIR).iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime_ns)
+    for old in kept[:-MAX_KEPT_ATTEMPTS]: shutil.rmtree(old, ignore_errors=True)  # failed attempts only: disk is finite
+    return dest
+
+
+def _incomplete(out: Path, status: dict) -> str | None:
+    "Why a run marked completed is not (its notebook missing, its summary's final step not in its metrics), or None."
+    if not (out / status.get("notebook", "run.ipynb")).is_file(): return "its executed notebook is missing"
+    summary, metrics = _read_json(out / "summary.json"), out / "metrics.jsonl"
+    steps = (summary or {}).get("final_step")  # written by notebooks that want this check (the training notebook does)
+    if isinstance(steps, int) and steps > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn line is the question asked here, not a warning
+            try: logged = load_metrics(metrics)
+            except (OSError, ValueError) as e: return f"its metrics.jsonl cannot be read ({type(e).__name__})"
+        last = int(logged["step"].max()) if "step" in logged and logged["step"].notna().any() else 0
+        if last != steps: return f"its summary says its final step is {steps} but metrics.jsonl ends at step {last}"
+    return None
 
 
 def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
@@ -199,14 +266,31 @@ def run_experiment(
 ) -> RunResult:
     "Run `notebook` once under papermill: the executed notebook, a status file and the run's files go to `output_dir`."
     fn, params = "run_experiment", dict(params or {})
+    if Path(output_dir).is_symlink():
+        raise ValueError(f"{fn}: `output_dir` {str(output_dir)!r} is a link; give a folder's own path")
     notebook, out = Path(notebook).resolve(), Path(output_dir).resolve()
     _check_request(fn, notebook, params, check_params)
-    previous = _read_json(out / STATUS_FILE)
-    if previous is not None and previous.get("status") == "completed":
+    _check_not_in_use(fn, out)
+    previous = _read_status(out)
+    if previous is not None and previous.get("status") == "completed" and not _incomplete(out, previous):
         _check_same_params(fn, out, previous, params)
         return _result(out, previous, skipped=True)
-    _prepare_folder(fn, out, previous)
-    status = dict(status="running", params=params, attempt=(previous or {}).get("attempt", 0) + 1, notebook="run.ipynb",
+    _check_folder(fn, out, previous)
+    with folder_lock(out, "rlnb run_experiment", RUN_LOCK_FILE):  # until the status says how it ended
+        _check_not_in_use(fn, out, lock_files=(LOCK_FILE,))  # a kernel may have started between the look and the lock
+        previous = _read_status(out)  # and what it left: read again under the lock
+        if previous is not None and previous.get("status") == "completed" and not _incomplete(out, previous):
+            _check_same_params(fn, out, previous, params)
+            return _result(out, previous, skipped=True)
+        return _run_attempt(notebook, params, out, previous, env, cwd, kernel_name, log_output)
+
+
+def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None, env, cwd, kernel_name: str,
+                 log_output: bool) -> RunResult:
+    "One attempt in a locked run folder: the previous attempt set aside (kept), papermill run, the status written."
+    attempt = (previous or {}).get("attempt", 0) + 1
+    if not params.get("resume"): _set_aside(out, attempt - 1)  # a resumed run continues in the files it left
+    status = dict(status="running", params=params, attempt=attempt, notebook="run.ipynb",
                   started=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid())
     _write_json_atomic(out / STATUS_FILE, status)
     t0, error = time.perf_counter(), None
@@ -225,11 +309,82 @@ def run_experiment(
     _write_json_atomic(out / STATUS_FILE, status)
     return _result(out, status)
 
+# %% ../nbs/17_experiments.ipynb #f6c13c28
+def _call_in_child(conn, parent_pid: int, fn: Callable, args: tuple) -> None:
+    "A run's process: fn(*args), its result or exception sent back through `conn`."
+    die_with_parent(parent_pid)
+    try: outcome = (True, fn(*args))
+    except BaseException as e: outcome = (False, e)
+    try: conn.send(outcome)
+    except Exception as e:
+        conn.send((False, RuntimeError(f"the run's result could not be sent back: {_error_text(e)}")))
+    conn.close()
+
+
+class ProcessPerRun(Executor):
+    "Each call in a fresh process of its own (spawned), `workers` at a time; a process that dies fails only its call."
+    def __init__(self, workers: int = 1):
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"ProcessPerRun: `workers` must be an int >= 1, got {workers!r}")
+        self._slots, self._lock = threading.Semaphore(workers), threading.Lock()
+        self._running, self._futures, self._closing = set(), [], False
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        if kwargs: raise TypeError("ProcessPerRun.submit takes positional arguments only")
+        future = Future()
+        self._futures.append(future)
+        threading.Thread(target=self._run, args=(future, fn, args), daemon=True).start()
+        return future
+
+    def _run(self, future: Future, fn: Callable, args: tuple) -> None:
+        "In a thread of its own (Linux ties the death signal to the thread that starts the process): run, report."
+        with self._slots:
+            if not future.set_running_or_notify_cancel(): return
+            try: ok, value = self._call(fn, args)
+            except BaseException as e: ok, value = False, e  # whatever happens here, the future gets an answer
+        if ok: future.set_result(value)
+        else: future.set_exception(value)
+
+    def _call(self, fn: Callable, args: tuple) -> tuple[bool, object]:
+        "fn(*args) in a spawned process: (True, its result) or (False, the exception)."
+        ctx = multiprocessing.get_context("spawn")
+        receive, send = ctx.Pipe(duplex=False)
+        from rlnb.experiments import _call_in_child as child  # the library's: a notebook's own is not picklable
+        proc = ctx.Process(target=child, args=(send, os.getpid(), fn, args))
+        proc.start()
+        send.close()
+        with self._lock:
+            self._running.add(proc)
+            if self._closing: proc.kill()  # shut down while it was starting
+        try:
+            try: ok, value = receive.recv()
+            except EOFError: ok, value = False, None  # the process died without a word
+            proc.join(timeout=30)  # the answer is in; a process slow to exit does not hold it back
+            if proc.is_alive(): proc.kill()
+            if not ok and value is None: value = RuntimeError(f"the run's process died (exit code {proc.exitcode})")
+            return ok, value
+        finally:
+            with self._lock: self._running.discard(proc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        "Cancel the calls not started (`cancel_futures`); kill the running processes unless `wait`, else wait for them."
+        if cancel_futures:
+            for future in self._futures: future.cancel()
+        if not wait:
+            with self._lock:
+                self._closing = True
+                running = list(self._running)
+            for proc in running: proc.kill()
+        for future in self._futures:
+            if not future.cancelled():
+                with contextlib.suppress(BaseException): future.exception()  # waits until it is done
+
 # %% ../nbs/17_experiments.ipynb #5fffd58c
 def _progress_line(done: int, total: int, result: RunResult) -> str:
     "`[3/8] learning_rate=0.001 seed=1 ok 14 s  reward 0.21->0.33  acc 0.34->0.59`: one finished run of a sweep."
     head, seconds = f"[{done}/{total}] {result.run_id.replace(',', ' ')}", result.seconds
     took = f"{seconds:.0f} s" if isinstance(seconds, (int, float)) and seconds == seconds else "? s"
+    if result.skipped and result.status == "running": return f"{head} in use, left alone: {result.error}"
     if result.skipped: return f"{head} done before, skipped"
     if result.status != "completed":
         return f"{head} FAILED {took}  {(result.error or '?').splitlines()[0]}  ({result.notebook})"
@@ -242,9 +397,9 @@ def _progress_line(done: int, total: int, result: RunResult) -> str:
 
 
 def _default_executor(workers: int | None, runs: int) -> Executor:
-    "Local processes, one per core (or `workers`), started fresh ('spawn'): no state forked from the caller."
+    "A fresh process per run, one run per core (or `workers`) at a time."
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return ProcessPoolExecutor(max(1, min(workers or cores, runs)), mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPerRun(max(1, min(workers or cores, runs)))
 
 
 def _run_env(threads_per_run: int | None) -> dict[str, str]:
@@ -289,11 +444,17 @@ def run_sweep(
     results, todo = {}, {}
     for run_id, params in plan.items():  # every check before the first kernel starts
         _check_request(f"{fn}: run {run_id}", notebook, params, check_params)
-        previous = _read_json(root / run_id / STATUS_FILE)
-        if previous is not None and previous.get("status") == "completed":
-            _check_same_params(fn, root / run_id, previous, params)
-            results[run_id] = _result(root / run_id, previous, skipped=True)
-        else: todo[run_id] = params
+        out = root / run_id
+        previous, holder = _read_status(out), _folder_holder(out)
+        if holder is not None:  # a live process writes there (e.g. a sweep started elsewhere): leave it alone
+            in_use = str(FolderInUseError(out, holder))
+            results[run_id] = _result(out, {"status": "running", "params": params, "error": in_use}, skipped=True)
+        elif previous is not None and previous.get("status") == "completed" and not _incomplete(out, previous):
+            _check_same_params(fn, out, previous, params)
+            results[run_id] = _result(out, previous, skipped=True)
+        else:
+            _check_folder(f"{fn}: run {run_id}", out, previous)
+            todo[run_id] = params
     say = log_fn or (lambda line: None)
     for k, result in enumerate(results.values(), 1): say(_progress_line(k, len(plan), result))
     if todo:
@@ -304,11 +465,16 @@ def run_sweep(
             for future in as_completed(futures):
                 run_id = futures[future]
                 try: result = future.result()
+                except FolderInUseError as e:  # taken by another process since the plan: left alone, not marked
+                    busy = {"status": "running", "params": todo[run_id], "error": str(e)}
+                    result = _result(root / run_id, busy, skipped=True)
                 except Exception as e: result = _record_lost(root / run_id, todo[run_id], e)
                 results[run_id] = result
                 say(_progress_line(len(results), len(plan), result))
-        finally:  # our own pool: shut down (on an interrupt, the runs not started yet are cancelled)
-            if executor is None: pool.shutdown(cancel_futures=True)
+        except BaseException:  # interrupted (Ctrl-C) or failed: our own processes stop with the sweep
+            if executor is None: pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        if executor is None: pool.shutdown()
     return [results[run_id] for run_id in plan]
 
 # %% ../nbs/17_experiments.ipynb #21f60788
@@ -342,8 +508,12 @@ def load_sweep(
     if not root.is_dir(): raise ValueError(f"load_sweep: `output_root` {str(root)!r} is not a folder")
     rows, names = [], []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        status = _read_json(folder / STATUS_FILE)
+        try: status = _read_status(folder)
+        except ValueError as e:
+            warnings.warn(f"load_sweep: skipped {folder.name}: {e}"); continue
         if status is None: continue  # not a run folder
+        reason = _incomplete(folder, status) if status["status"] == "completed" else None
+        if reason: status = {**status, "status": "incomplete", "error": f"marked completed, but {reason}"}
         rows.append(_run_row(folder, status))
         names += [k for k in status.get("params", {}) if k not in names]
     figures = [k for r in rows for k in r if k != "error"]  # the summaries' keys, in order of appearance
@@ -355,7 +525,9 @@ def load_sweep(
     for _, run in runs.iterrows():
         path = root / run["run_id"] / "metrics.jsonl"
         if not path.is_file(): continue
-        logged = load_metrics(path)
+        try: logged = load_metrics(path)
+        except ValueError as e:
+            warnings.warn(f"load_sweep: skipped the metrics of {run['run_id']}: {e}"); continue
         head = pd.DataFrame({"run_id": run["run_id"], **{k: run[k] for k in names}}, index=logged.index)
         frames.append(pd.concat([head, logged.drop(columns=[c for c in head.columns if c in logged.columns])], axis=1))
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run_id", *names])

@@ -6,16 +6,17 @@ Docs: https://rlnb.github.io/rlnb/generation.html.md"""
 
 # %% ../nbs/04_generation.ipynb #b6cfafe0
 from __future__ import annotations
-import contextlib, inspect, math
+import contextlib, inspect, math, numbers, reprlib, warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .core import Generation, GenerationConfig, is_peft_model, model_device, pad_token_id
 
 # %% auto #0
-__all__ = ['left_pad', 'batch_generate', 'generate', 'generate_with_logprobs']
+__all__ = ['left_pad', 'merged_lora', 'batch_generate', 'generate', 'generate_with_logprobs']
 
 # %% ../nbs/04_generation.ipynb #099f8d74
 def left_pad(
@@ -48,6 +49,20 @@ class _LogprobRecorder:
         last = self.previous.gather(1, sequences[:, -1:]).squeeze(1)
         return torch.stack(self.steps + [last], dim=1)
 
+# %% ../nbs/04_generation.ipynb #855a1852
+class _InverseCdfSampler:
+    "The last logits processor: draws each row's next token from softmax(scores) with one uniform number."
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        probs = torch.softmax(scores.float(), dim=-1)  # (R, V)
+        cdf = probs.cumsum(-1)  # (R, V)
+        total = cdf[:, -1:].contiguous()  # (R, 1): 1 up to rounding
+        if not torch.isfinite(total).all() or (total <= 0).any():
+            raise ValueError("batch_generate: a row's scores are all -inf or not finite; nothing can be sampled")
+        u = torch.rand(total.shape, device=scores.device) * total  # (R, 1) uniform in [0, total)
+        last = torch.searchsorted(cdf, total)  # (R, 1): the last token with probability > 0
+        chosen = torch.minimum(torch.searchsorted(cdf, u, right=True), last)  # (R, 1) first token with cdf > u
+        return torch.full_like(scores, -math.inf).scatter_(1, chosen, 0.0)  # (R, V): greedy picks `chosen`
+
 # %% ../nbs/04_generation.ipynb #3880d3ce
 def _check_generation_config(config, fn: str) -> GenerationConfig:
     "Validate a GenerationConfig, naming the bad field."
@@ -64,6 +79,9 @@ def _check_generation_config(config, fn: str) -> GenerationConfig:
     if not 0 < config.top_p <= 1: raise ValueError(f"{fn}: `config.top_p` must be in (0, 1], got {config.top_p!r}")
     if isinstance(config.stop_strings, str) or not all(isinstance(s, str) and s for s in config.stop_strings):
         raise ValueError(f"{fn}: `config.stop_strings` must be a tuple of non-empty strings, got {config.stop_strings!r}")
+    for name in ("do_sample", "logprobs", "merge_lora"):
+        if type(getattr(config, name)).__name__ not in ("bool", "bool_"):  # Python's or numpy's
+            raise TypeError(f"{fn}: `config.{name}` must be True or False, got {getattr(config, name)!r}")
     return config
 
 
@@ -92,13 +110,26 @@ def _encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
     return out
 
 
+_HF_SAMPLING_KEYS = {"do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff",
+                     "eta_cutoff", "num_beams", "top_h"}
+
+
 def _hf_generate_kwargs(config: GenerationConfig, tokenizer, pad_id: int, eos_ids: list[int]) -> dict:
     "Keyword arguments for `model.generate`, every sampling knob explicit."
     sample = config.do_sample and config.temperature > 0
-    kw = dict(max_new_tokens=config.max_new_tokens, do_sample=sample, pad_token_id=pad_id, eos_token_id=eos_ids or None,
-              use_cache=True, return_dict_in_generate=True, repetition_penalty=1.0, num_return_sequences=1)
-    if sample: kw.update(temperature=float(config.temperature), top_p=float(config.top_p), top_k=max(int(config.top_k), 0))
-    kw.update(config.custom_params or {})
+    custom = dict(config.custom_params or {})
+    ours = sample and not (_HF_SAMPLING_KEYS & set(custom))  # our inverse-CDF draw, unless HF's sampler was tuned
+    kw = dict(max_new_tokens=config.max_new_tokens, do_sample=sample and not ours, pad_token_id=pad_id,
+              eos_token_id=eos_ids or None, use_cache=True, return_dict_in_generate=True, repetition_penalty=1.0,
+              num_return_sequences=1, temperature=1.0, top_p=1.0, top_k=None)  # neutral unless HF samples
+    if sample and not ours:
+        kw.update(temperature=float(config.temperature), top_p=float(config.top_p), top_k=max(int(config.top_k), 0))
+    kw.update(custom)
+    if ours:
+        warpers = [TemperatureLogitsWarper(float(config.temperature))]
+        if config.top_k > 0: warpers.append(TopKLogitsWarper(config.top_k))
+        if config.top_p < 1: warpers.append(TopPLogitsWarper(float(config.top_p)))
+        kw["logits_processor"] = warpers + list(custom.get("logits_processor") or []) + [_InverseCdfSampler()]
     return kw
 
 
@@ -214,6 +245,46 @@ def _can_share_prompts(model, custom_params: dict | None = None) -> bool:
     chosen = {"cache", "past_key_values", "cache_implementation"} & set(custom)
     return _cache_arg(_forward_parameters(model)) is not None and not chosen
 
+# %% ../nbs/04_generation.ipynb #9a0928ea
+def _foldable_lora_layers(model) -> list | None:
+    "The LoRA `Linear` layers of a peft model, if every one of them can be folded into its weight; else None."
+    if not is_peft_model(model): return None
+    from peft.tuners.lora import Linear, LoraLayer
+    if any("ModulesToSave" in type(m).__name__ or "TrainableTokens" in type(m).__name__ for m in model.modules()):
+        return None  # disable_adapter() would switch those trained copies off too
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    for m in layers:
+        if type(m) is not Linear or m.disable_adapters or m.merged: return None
+        if m.base_layer.weight.dtype != torch.float32: return None  # W + s B A in bf16 would round small updates away
+        for a in m.active_adapters:
+            if m.use_dora.get(a) or getattr(m, "lora_bias", {}).get(a): return None
+    return layers or None
+
+
+@contextlib.contextmanager
+def merged_lora(
+    model,  # any model; only a peft LoRA model is changed
+    enabled: bool = True,  # False: a no-op
+):
+    "Inside, each LoRA layer runs as one matrix `W + s B A` (a temporary copy); the stored weights come back untouched."
+    layers = _foldable_lora_layers(model) if enabled else None
+    if layers is None:
+        yield False
+        return
+    kept = []  # (parameter, its original tensor), to put back
+    try:
+        with torch.no_grad():
+            for m in layers:
+                weight = m.base_layer.weight
+                merged = weight.detach().clone()  # (out, in)
+                for a in m.active_adapters:
+                    if a in m.lora_A: merged += m.get_delta_weight(a).to(merged.dtype)
+                kept.append((weight, weight.data))
+                weight.data = merged
+        with model.disable_adapter(): yield True
+    finally:
+        for weight, original in kept: weight.data = original
+
 # %% ../nbs/04_generation.ipynb #bd8c3dea
 def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
                    eos_ids: list[int], kv_cache=None) -> tuple[list[Generation], Any]:
@@ -258,6 +329,36 @@ def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config:
     return gens, out, attention_mask
 
 # %% ../nbs/04_generation.ipynb #e80f96c7
+def _check_generation(g, k: int, n: int, fn: str) -> None:
+    "A custom generator's k-th result: a Generation with its text, token ids and (if any) one log-prob per token."
+    where = f"`generator`'s result {k} (prompt {k // n}, sample {k % n})"
+    if not isinstance(g, Generation):
+        raise TypeError(f"{fn}: {where} is a {type(g).__name__}, expected a rlnb Generation")
+    if not isinstance(g.text, str):
+        raise TypeError(f"{fn}: {where} has text of type {type(g.text).__name__}, expected a str")
+    ids = g.token_ids
+    is_id = lambda t: isinstance(t, numbers.Integral) and not isinstance(t, bool)
+    if ids is None or isinstance(ids, (str, bytes)) or not all(is_id(t) for t in ids):
+        raise ValueError(f"{fn}: {where} has token_ids={reprlib.repr(ids)}; rlnb trains on the sampled token ids: "
+                         "return them as a list of ints")
+    if g.logprobs is not None and len(g.logprobs) != len(ids):
+        raise ValueError(f"{fn}: {where}: {len(g.logprobs)} logprobs for {len(ids)} token ids: one per token, or None")
+
+
+def _check_context(model, encoded: list[list[int]], max_new_tokens: int, fn: str) -> None:
+    "A prompt that fills the model's context is an error; one that leaves less room than `max_new_tokens`, a warning."
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(context, int): return  # a model that does not say
+    longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+    n = len(encoded[longest])
+    if n >= context:
+        raise ValueError(f"{fn}: prompts[{longest}] has {n} tokens, the model's whole context ({context} positions) or "
+                         "more; shorten the prompt")
+    if n + max_new_tokens > context:
+        warnings.warn(f"{fn}: prompts[{longest}] has {n} tokens; with max_new_tokens={max_new_tokens} a completion can "
+                      f"run past the model's context of {context} positions, where its positions mean nothing")
+
+
 def batch_generate(
     model,  # a causal LM with `generate` (transformers or peft)
     tokenizer,  # its tokenizer (needs a pad or an EOS token)
@@ -278,12 +379,14 @@ def batch_generate(
         out = list(generator(model, tokenizer, prompts, config))
         if len(out) != len(prompts) * n:
             raise ValueError(f"{fn}: `generator` returned {len(out)} generations, expected {len(prompts) * n} ({len(prompts)} prompts x {n})")
+        for k, g in enumerate(out): _check_generation(g, k, n, fn)
         return out
     pad_id, eos_ids = pad_token_id(tokenizer, fn), _eos_token_ids(model, tokenizer)
     encoded = _encode_prompts(tokenizer, prompts, fn)
+    _check_context(model, encoded, config.max_new_tokens, fn)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths share a micro-batch
     per_prompt: list = [None] * len(prompts)
-    with _generation_mode(model):
+    with _generation_mode(model), merged_lora(model, config.merge_lora):
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             gens = _generate_micro_batch(model, tokenizer, [encoded[i] for i in chunk], config, pad_id, eos_ids)[0]

@@ -61,15 +61,22 @@ def load_metrics(
 ):
     "The logged records as a pandas DataFrame, one row per line; a torn (unparseable) line is skipped with a warning."
     import pandas as pd
-    rows = []
+    rows, skipped = [], []
     with open(path, encoding="utf-8", errors="replace") as f:  # a torn write may cut a character in two
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
             try: row = json.loads(line)
             except json.JSONDecodeError: row = None
-            if not isinstance(row, dict):
-                warnings.warn(f"load_metrics: skipped {path}:{n}, not a JSON record (a torn write?)"); continue
-            rows.append(row)
+            if isinstance(row, dict): rows.append(row)
+            else: skipped.append(n)
+    if skipped and not rows:
+        raise ValueError(f"load_metrics: {path} holds no JSON records ({len(skipped)} lines, none a record); "
+                         "it is not a metrics file")
+    if len(skipped) == 1: warnings.warn(f"load_metrics: skipped {path}:{skipped[0]}, not a JSON record (a torn write?)")
+    elif skipped:
+        shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        warnings.warn(f"load_metrics: skipped {len(skipped)} lines of {path} ({shown}), "
+                      "not JSON records (torn writes?)")
     return pd.DataFrame(rows)
 
 # %% ../nbs/11_loggers.ipynb #8e754590
@@ -131,7 +138,7 @@ def _progress_line(head: str, window: dict, acc: float | None, step_s: float | N
 # %% ../nbs/11_loggers.ipynb #de050d42
 def create_progress_logger(
     total: int,  # iterations in the whole run (train's `num_iterations`)
-    every_s: float = 10.0,  # print a line at least this often, in seconds (0 = every iteration)
+    every_s: float = 60.0,  # a line at least this often, in seconds (0 = every iteration): a heartbeat in slow runs
     every_frac: float = 0.1,  # ... and each time this fraction of the run is done (0 = by time only)
     print_fn: Callable[[str], None] | None = None,  # where lines go (None = print, flushed)
 ) -> Callable[[TrainingState, TrainingStats], None]:
@@ -142,7 +149,7 @@ def create_progress_logger(
     if not 0 <= every_frac <= 1: raise ValueError(f"{fn}: `every_frac` must be in [0, 1], got {every_frac!r}")
     out = print_fn or (lambda line: print(line, flush=True))
     chunk = every_frac * total  # iterations between fraction lines
-    seen = {"iteration": None, "time": time.monotonic(), "acc": None}  # at the last line printed
+    seen = {"iteration": None, "time": time.monotonic(), "acc": None, "explained": False}  # at the last line printed
     window = {"reward": [], "kl": [], "loss": [], "step_s": []}  # values since the last line
 
     def head(it: int) -> str: return f"[{it:>{len(str(total))}}/{total} {int(100 * it / total):3d}%]"
@@ -164,6 +171,11 @@ def create_progress_logger(
         step_s = _mean(window["step_s"])
         if step_s is None: step_s = (now - seen["time"]) / len(window["reward"])  # no timing metric: wall clock
         out(_progress_line(head(it), window, seen["acc"], step_s, max(total - it, 0)))
+        loss = _mean(window["loss"])
+        if loss is not None and abs(loss) < 1e-6 and not seen["explained"]:  # once: it looks like a bug, it is not
+            out("  (a loss near 0 is normal here: at one update per batch the policy ratio is 1 and the advantages "
+                "average to 0, so the loss is ~0 while its gradient is not)")
+            seen["explained"] = True
         seen.update(iteration=it, time=now)
         for v in window.values(): v.clear()
     return log

@@ -97,6 +97,12 @@ def compute_logprobs_for_tokens(
     if not isinstance(temperature, (int, float)) or temperature <= 0: raise ValueError(f"{fn}: `temperature` must be > 0, got {temperature!r}")
     mb = B if micro_batch_size is None else micro_batch_size
     if not isinstance(mb, int) or mb < 1: raise ValueError(f"{fn}: `micro_batch_size` must be an int >= 1 or None, got {micro_batch_size!r}")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if vocab is not None and input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < vocab:
+        low, high = int(input_ids.min()), int(input_ids.max())
+        raise ValueError(f"{fn}: `input_ids` holds token ids from {low} to {high}, but the model's vocabulary has ids "
+                         f"0 to {vocab - 1}; were they made by another tokenizer?")
 
     params = _forward_parameters(model)
     keep = _logits_to_keep_arg(params)

@@ -6,13 +6,14 @@ Docs: https://rlnb.github.io/rlnb/models.html.md"""
 
 # %% ../nbs/02_models.ipynb #a17859c9
 from __future__ import annotations
-import json, warnings
+import json, math, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
+from .cache import load_from_folder
 from .core import ModelConfig, is_peft_model
 
 # %% auto #0
@@ -48,6 +49,8 @@ def apply_lora(
     from peft import LoraConfig, get_peft_model
     if not isinstance(r, int) or isinstance(r, bool) or r < 1: raise ValueError(f"apply_lora: `r` must be a positive int, got {r!r}")
     if not 0 <= dropout < 1: raise ValueError(f"apply_lora: `dropout` must be in [0, 1), got {dropout!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+        raise ValueError(f"apply_lora: `alpha` must be a finite number > 0, got {alpha!r}")
     if is_peft_model(model): raise ValueError("apply_lora: `model` already has peft adapters; pass the base model")
     available = find_linear_modules(model)
     if target_modules is None:
@@ -55,6 +58,8 @@ def apply_lora(
         targets = available
     else:
         targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+        if not all(isinstance(t, str) and t for t in targets):
+            raise TypeError(f"apply_lora: `target_modules` must be module names (strs), got {target_modules!r}")
         names = [n for n, _ in model.named_modules()]
         missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
         if not targets or missing:
@@ -98,7 +103,8 @@ def _load_hf_model(config: ModelConfig, device: torch.device, dtype: torch.dtype
         from transformers import BitsAndBytesConfig  # needs the optional `bitsandbytes` package and a GPU
         kwargs.update(quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map={"": device})
     kwargs.update(config.custom_config or {})
-    model = AutoModelForCausalLM.from_pretrained(config.model_name_or_path, **kwargs)
+    path = config.model_name_or_path
+    model = load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs), path)
     return model if config.load_in_8bit else model.to(device)
 
 # %% ../nbs/02_models.ipynb #6d17a186

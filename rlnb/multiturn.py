@@ -19,12 +19,12 @@ from .tools import _function_call, _loads, _tool_error, execute_tools, parse_jso
 from .rollouts import _checked_reward, _prompt_inputs
 
 # %% auto #0
-__all__ = ['parse_tool_calls', 'parse_function_calls', 'chat_template_tool_parser', 'execute_and_track_tools', 'track_tool_calls',
-           'EnvStep', 'Environment', 'create_tool_environment', 'create_multiturn_rollout',
+__all__ = ['MAX_TOOL_COLUMNS', 'parse_tool_calls', 'parse_function_calls', 'chat_template_tool_parser', 'execute_and_track_tools',
+           'track_tool_calls', 'EnvStep', 'Environment', 'create_tool_environment', 'create_multiturn_rollout',
            'create_multiturn_rollout_fn']
 
 # %% ../nbs/09c_multiturn.ipynb #3d9807fb
-_XML_TOOL_RE = re.compile(r"<tool(?=[\s>/])([^>]*)>(.*?)(</tool>|\Z)", re.DOTALL)
+_XML_TOOL_RE = re.compile(r"<tool(?=[\s>/])([^>]{0,1000})>(.*?)(</tool>|\Z)", re.DOTALL)  # bounded: linear time
 _XML_NAME_RE = re.compile(r"""^\s*name\s*=\s*(?:"([^"]*)"|'([^']*)')\s*$""")
 
 
@@ -143,22 +143,34 @@ def execute_and_track_tools(
     return results
 
 # %% ../nbs/09c_multiturn.ipynb #9104480c
+MAX_TOOL_COLUMNS = 20  # per-tool metric columns when the tools on offer are not known (the rest count as "<other>")
+_TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def _own_column(name: str, tool_names: Sequence[str] | None, seen: list) -> bool:
+    "Whether calls to `name` get metric columns of their own: a tool on offer, or (none given) one of the first names."
+    if tool_names is not None: return name in tool_names
+    if name in seen: return True
+    if len(seen) < MAX_TOOL_COLUMNS and _TOOL_NAME.fullmatch(name): seen.append(name); return True
+    return False
+
+
 def track_tool_calls(
     rollouts,  # a Batch or list of Rollouts with `tool_calls` and `tool_results`
     tool_tracker: Callable[[dict, dict], dict] | None = None,  # (call, result) -> {name: number}, summed like the counts
-    tool_names: Sequence[str] | None = None,  # the tools on offer: calls to other names count under "<other>"; None = every name
+    tool_names: Sequence[str] | None = None,  # the tools on offer (others count as "<other>"); None: the first 20 names
 ) -> dict[str, float]:
     "Tool-use metrics of a batch: calls and errors per episode, the share of episodes that call a tool, time per call, per tool."
     rollouts = rollouts.rollouts if isinstance(rollouts, Batch) else list(rollouts)
     if not rollouts: raise ValueError("track_tool_calls: `rollouts` is empty")
     totals: dict[str, float] = {}
     add = lambda key, v: totals.__setitem__(key, totals.get(key, 0.0) + float(v))
-    using = 0
+    using, seen = 0, []  # seen: the per-tool columns so far, when the tools on offer are not known
     for r in rollouts:
         using += bool(r.tool_calls)
         for call, result in zip(r.tool_calls, tuple(r.tool_results) + ({},) * len(r.tool_calls)):
             name = str(call.get("name") or "<malformed>")
-            if tool_names is not None and call.get("name") and name not in tool_names: name = "<other>"  # model text: not a column each
+            if call.get("name") and not _own_column(name, tool_names, seen): name = "<other>"  # not a column each
             failed = bool(result.get("error") or call.get("error"))
             for key, v in (("calls", 1), ("errors", failed), ("time_s", result.get("time_s", 0.0))):
                 add(f"tools/{key}", v); add(f"tools/{name}/{key}", v)

@@ -154,8 +154,10 @@ def compute_value_loss(
     returns: Tensor,  # (B, C) regression targets (compute_gae's returns)
     loss_mask: Tensor,  # (B, C) 1 on the policy's tokens
     value_clip: float | None = 0.2,  # how far a prediction may move from old_values before the loss stops pulling; None = off
+    aggregation: str | Callable = "token_mean",  # how the per-token errors become one number (see aggregate_loss)
+    max_completion_length: int | None = None,  # L_max for aggregation="constant"
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
-    "PPO's clipped value loss: half the larger squared error of the clipped and unclipped predictions, token mean."
+    "PPO's clipped value loss: half the larger squared error of the clipped and unclipped predictions, aggregated."
     fn = "compute_value_loss"
     _check_2d(fn, "values", values)
     shape = tuple(values.shape)
@@ -166,7 +168,7 @@ def compute_value_loss(
     for name, x in (("values", v), ("old_values", old), ("returns", ret)): _check_finite(fn, name, x, keep)
     clipped = v if value_clip is None else old + (v - old).clamp(-value_clip, value_clip)  # (B, C)
     err, err_clipped = (v - ret) ** 2, (clipped - ret) ** 2
-    loss = aggregate_loss(0.5 * torch.maximum(err, err_clipped), keep, "token_mean")
+    loss = aggregate_loss(0.5 * torch.maximum(err, err_clipped), keep, aggregation, max_completion_length)
     with torch.no_grad():
         m = _masked_means(keep, **{"value/mean": v, "value/clip_frac": (err_clipped > err).float(), "value/returns": ret})
         resid, n = torch.where(keep, ret - old, 0.0), keep.sum().clamp(min=2)
@@ -191,7 +193,7 @@ def compute_ppo_loss(
     beta: float = 0.0,  # KL weight; in the loss only when kl_penalty="loss"
     kl_penalty: str = "reward",  # where the KL goes: "reward" (the advantages carry it) or "loss"
     kl_fn: Callable | None = None,  # per-token KL for the loss term; None = k3
-    aggregation: str | Callable = "token_mean",  # policy-loss aggregation (see aggregate_loss)
+    aggregation: str | Callable = "token_mean",  # aggregation of the policy and value losses (see aggregate_loss)
     max_completion_length: int | None = None,  # L_max for aggregation="constant"
     log_ratio_clip: float | None = None,  # see grpo_loss
     dual_clip: float | None = None,  # see grpo_loss
@@ -205,7 +207,9 @@ def compute_ppo_loss(
     _check_number(fn, "vf_coef", vf_coef)
     policy, metrics = grpo_loss(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, clip_eps, clip_eps_high,
                                 beta if kl_penalty == "loss" else 0.0, aggregation, max_completion_length, kl_fn, log_ratio_clip, dual_clip)
-    value, value_metrics = compute_value_loss(values, old_values, returns, loss_mask, value_clip)
+    # the value loss is aggregated like the policy loss (as verl's loss_agg_mode), so micro-batches add up exactly
+    value, value_metrics = compute_value_loss(values, old_values, returns, loss_mask, value_clip, aggregation,
+                                              max_completion_length)
     return policy + vf_coef * value, {**metrics, **value_metrics}
 
 # %% ../nbs/10d_ppo.ipynb #e6cbf9da

@@ -21,7 +21,7 @@ def quick_start_training(
     model_name: str | None = None,  # a Hugging Face id or a local folder (sets config.model)
     **kwargs,  # TrainingConfig fields (num_iterations=50, ...) and train's arguments (prompts=, reward_fn=, logger=, a model object as model=, ...)
 ) -> tuple:  # (final TrainingState, metrics DataFrame)
-    "Train with `train`; flat arguments are config fields or hooks. Returns the final state and every logged row as a DataFrame."
+    "Train with `train`; flat arguments are config fields or hooks. Returns the final state and a row per step."
     import inspect, difflib
     import pandas as pd
     if "model" in kwargs and not isinstance(kwargs["model"], str): kwargs["policy"] = kwargs.pop("model")  # a model object, not a name
@@ -40,4 +40,6 @@ def quick_start_training(
     state = train(config, logger=loggers, **kwargs)
     metrics_file = Path(config.output_dir) / "metrics.jsonl" if config.output_dir else None
     df = load_metrics(metrics_file) if metrics_file is not None and metrics_file.exists() else pd.DataFrame(records)
+    if "step" in df.columns and len(df):  # an evaluation logs a row of its own: merged into its step's row
+        df = df.groupby("step", sort=True, as_index=False).first()
     return state, df

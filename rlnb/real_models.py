@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import build_atomically, default_cache_dir
+from .cache import build_atomically, default_cache_dir, load_from_folder
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 
 # %% auto #0
@@ -134,12 +134,13 @@ def load_gguf(
 # %% ../nbs/02b_real_models.ipynb #8e223b16
 def _folder_model(folder: Path):
     from transformers import AutoModelForCausalLM
-    with _quiet_transformers(): return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with _quiet_transformers():
+        return load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), folder)
 
 
 def _folder_tokenizer(folder: Path):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(folder)
+    return load_from_folder(lambda: AutoTokenizer.from_pretrained(folder), folder, "the tokenizer")
 
 
 MODEL_LOADERS["smollm2"] = lambda config: _folder_model(load_gguf(smollm2_gguf_path()))

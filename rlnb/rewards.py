@@ -16,8 +16,8 @@ from .core import Batch, Generation, Rollout, group_stats
 from .tasks import parse_number
 
 # %% auto #0
-__all__ = ['NORMALIZERS', 'compute_scalar_reward', 'compute_vector_reward', 'compute_batch_rewards', 'mean_aggregator',
-           'min_aggregator', 'max_aggregator', 'weighted_sum_aggregator', 'aggregate_vector_rewards',
+__all__ = ['NORMALIZERS', 'compute_scalar_reward', 'compute_vector_reward', 'trl_reward', 'compute_batch_rewards',
+           'mean_aggregator', 'min_aggregator', 'max_aggregator', 'weighted_sum_aggregator', 'aggregate_vector_rewards',
            'zscore_normalizer', 'minmax_normalizer', 'rank_normalizer', 'normalize_rewards', 'pareto_ranks',
            'pareto_reward', 'apply_reward_shaping', 'kl_penalty_shaping', 'format_reward', 'exact_match_reward',
            'length_penalty_reward', 'tool_usage_reward', 'create_reward_transform']
@@ -86,6 +86,27 @@ def compute_vector_reward(
     if not isinstance(reward_fns, (list, tuple)) or len(reward_fns) == 0 or not all(callable(f) for f in reward_fns):
         raise TypeError(f"{caller}: `reward_fns` must be a non-empty list of callables or one callable returning a vector")
     return [_check_scalar(_call(f, rollout, caller, index), caller, f, index) for f in reward_fns]
+
+# %% ../nbs/07_rewards.ipynb #221f6e1b
+def trl_reward(
+    reward_func: Callable,  # TRL-style: (prompts, completions, completion_ids, **columns) -> a number per completion
+    conversational: bool = False,  # completions as [{"role": "assistant", "content": text}], as TRL gives chat datasets
+) -> Callable[[Rollout], float]:
+    "A reward function written for TRL's GRPOTrainer, as an rlnb reward function (one rollout in, one number out)."
+    if not callable(reward_func):
+        raise TypeError(f"trl_reward: `reward_func` must be callable, got {type(reward_func).__name__}")
+    def reward_fn(rollout: Rollout) -> float:
+        text = rollout.generation.text if rollout.generation is not None else ""
+        completion = [{"role": "assistant", "content": text}] if conversational else text
+        question = (rollout.metadata or {}).get("question")
+        out = reward_func(prompts=[rollout.prompt], completions=[completion], completion_ids=[list(rollout.token_ids)],
+                          answer=[rollout.answer], question=[question], trainer_state=None)
+        if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or len(out) != 1:
+            raise ValueError(f"trl_reward: `{_fn_name(reward_func)}` returned {out!r}; a TRL reward function returns "
+                             "a list with one number per completion (here one completion)")
+        return _check_scalar(out[0], "trl_reward", reward_func)
+    reward_fn.__name__ = f"trl_reward({_fn_name(reward_func)})"
+    return reward_fn
 
 # %% ../nbs/07_rewards.ipynb #239afa24
 def compute_batch_rewards(

@@ -6,6 +6,7 @@ Docs: https://rlnb.github.io/rlnb/rollouts.html.md"""
 
 # %% ../nbs/09_rollouts.ipynb #6dc2578d
 from __future__ import annotations
+import reprlib
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -110,6 +111,18 @@ def score_rollouts(
     return out
 
 # %% ../nbs/09_rollouts.ipynb #c3e88e4c
+def _parsed_calls(tool_parser: Callable, text: str, fn: str) -> tuple:
+    "`tool_parser(text)` checked: a list of calls, each a dict with a str 'name' and its 'arguments'."
+    calls = tool_parser(text)
+    if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Sequence):
+        raise TypeError(f"{fn}: `tool_parser` returned a {type(calls).__name__}; expected a list of calls (dicts)")
+    for call in calls:
+        if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
+            raise TypeError(f"{fn}: `tool_parser` returned {reprlib.repr(call)} among its calls; each call must be a "
+                            "dict with a str 'name' (and its 'arguments')")
+    return tuple(calls)
+
+
 def create_batch_rollouts(
     model,  # the policy (a causal LM)
     tokenizer,  # its tokenizer (chat template, pad and EOS ids)
@@ -140,7 +153,7 @@ def create_batch_rollouts(
         i = k // n  # prompt-major: all n samples of prompt 0 come first
         meta = dict(g.metadata or {})
         prompt_ids = meta.get("prompt_token_ids") or tokenizer(texts[i], add_special_tokens=False)["input_ids"]
-        calls = tuple(tool_parser(g.text)) if tool_parser is not None else ()
+        calls = _parsed_calls(tool_parser, g.text, fn) if tool_parser is not None else ()
         conv = convs[i].add_message(Message("assistant", g.text, tool_calls=calls or None))
         rollouts.append(Rollout(
             prompt=texts[i], generation=g, prompt_token_ids=list(prompt_ids), token_ids=list(g.token_ids or ()),
@@ -283,7 +296,7 @@ def _split_prompts(items, fn: str = "train") -> list:
         prompts, answers = list(items[0]), list(items[1])
         if len(prompts) != len(answers): raise ValueError(f"{fn}: `prompt_loader` returned {len(prompts)} prompts but {len(answers)} answers")
         return [TaskExample(p, a) if isinstance(p, str) else p for p, a in zip(prompts, answers)]
-    if isinstance(items, (str, bytes)) or not hasattr(items, "__len__"):
+    if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__len__"):
         raise TypeError(f"{fn}: `prompt_loader` must return a list of prompts (or a (prompts, answers) pair), got {type(items).__name__}")
     return list(items)
 

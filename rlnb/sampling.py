@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from .core import Batch, Rollout, TrainingConfig
 from .rollouts import DataBuffer
-from .rewards import _policy_length, aggregate_vector_rewards, length_penalty_reward
+from .rewards import _policy_length, aggregate_vector_rewards, compute_scalar_reward, length_penalty_reward
 
 # %% auto #0
 __all__ = ['batch_groups', 'nonzero_std_filter', 'min_reward_filter', 'diversity_filter', 'length_filter', 'combine_filters',
@@ -205,5 +205,6 @@ def add_overlong_penalty(
 ) -> Callable:
     "`reward_fn` plus DAPO's soft overlong penalty (`rlnb.rewards.length_penalty_reward`), scaled by `penalty`."
     over = length_penalty_reward(max_length=max_length, buffer_length=buffer_length)
-    def overlong_shaped(rollout) -> float: return float(reward_fn(rollout)) + penalty * over(rollout)
+    def overlong_shaped(rollout) -> float:  # the inner reward checked as every reward is: a finite number
+        return compute_scalar_reward(rollout, reward_fn) + penalty * over(rollout)
     return overlong_shaped

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .cache import build_atomically, default_cache_dir
+from .cache import build_atomically, default_cache_dir, load_from_folder
 from .core import ModelConfig
 from .training import default_num_threads
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
@@ -272,10 +272,16 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
     path = Path(path).expanduser() if path is not None else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config)
     if path.exists() and not _is_complete(path) and any(path.iterdir()):
         raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model (missing {SUMMARY_FILE}, metrics or weights)")
+    if progress and not _is_complete(path):  # the first run on a machine: say what the wait is and where it goes
+        name = getattr(task, "name", task)
+        print(f"rlnb: building the tiny model for {name!r} once (supervised training, about a minute on a CPU); "
+              f"it is cached in {path}", flush=True)
     build = lambda tmp: _train_into(tmp, task, steps, seed, model_config, sft_config, progress)
     build_atomically(path, build, _is_complete)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load_from_folder(load, path, "the tiny model")
+    tokenizer = load_from_folder(lambda: AutoTokenizer.from_pretrained(path), path, "the tiny model's tokenizer")
+    model.eval()
     return model, tokenizer
 
 # %% ../nbs/16_tiny.ipynb #1d591d9d

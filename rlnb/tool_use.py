@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .cache import build_atomically
+from .cache import build_atomically, load_from_folder
 from .core import Batch, Conversation, GenerationConfig, Message, TrainingConfig, create_training_config
 from .tasks import Task, TaskExample, check_number, make_task
 from .tools import calculator
@@ -195,7 +195,8 @@ def load_tool_use_model(
         (folder / "sft_summary.json").write_text(json.dumps(summary))
     with _LOCK:
         build_atomically(path, build, lambda folder: (folder / "sft_summary.json").exists())
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path,
+                                 "the tool-use model").eval()
     return model, build_tokenizer()
 
 # %% ../nbs/14b_tool_use.ipynb #05a2fdb3

@@ -6,10 +6,11 @@ Docs: https://rlnb.github.io/rlnb/tools.html.md"""
 
 # %% ../nbs/06_tools.ipynb #ff123439
 from __future__ import annotations
-import json, math, multiprocessing, os, re, signal, sys, threading
+import contextlib, json, math, multiprocessing, os, re, signal, sys, threading
 from decimal import Decimal, localcontext
 from typing import Any, Callable, Sequence
 
+from .cache import die_with_parent
 from .core import Conversation, Generation, GenerationConfig, Message
 from .tasks import safe_eval
 from .chat import _as_conversation, apply_chat_template
@@ -168,15 +169,42 @@ def _flush_std_streams():
         except Exception: pass
 
 
+def _adopt_orphans() -> None:
+    "Linux: make this process the subreaper of its descendants (orphans are re-parented to it, not to init)."
+    if sys.platform.startswith("linux"):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
+
+
+def _descendants(pid: int) -> list[int]:
+    "Every live process below `pid` (from /proc on Linux; elsewhere none are found and the process group kill remains)."
+    children: dict[int, list[int]] = {}
+    try: entries = os.listdir("/proc")
+    except OSError: return []
+    for entry in entries:
+        if not entry.isdigit(): continue
+        try:
+            with open(f"/proc/{entry}/stat") as f: ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError): continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []): found.append(child); todo.append(child)
+    return found
+
+
 def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str:
     "job() in a forked child, killed after `timeout_s` s: its result dict, or an error message."
-    receiver, sender = _FORK.Pipe(duplex=False)
+    receiver, sender, parent = *_FORK.Pipe(duplex=False), os.getpid()
     def child():
+        die_with_parent(parent)  # it waits to be killed (below): if its parent dies first, it goes too
         os.setpgid(0, 0)  # its own process group, so that the kill also reaches what the tool started
+        _adopt_orphans()  # what the tool detaches (setsid, double fork) stays below it, where the kill finds it
         result = job()
         _flush_std_streams()  # what the tool printed, before the parent may kill this process
         try: sender.send(result)
         except Exception as e: sender.send(f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be pickled: {e}")
+        threading.Event().wait()  # stay until killed: while this process lives, what the tool started stays findable
     process = _FORK.Process(target=child, daemon=True)
     process.start(); sender.close()
     try:
@@ -188,6 +216,8 @@ def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str
         except Exception as e: return f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be unpickled: {e}"
     finally:
         receiver.close()
+        for pid in _descendants(process.pid):  # what the tool started, in its process group or not
+            with contextlib.suppress(OSError): os.kill(pid, signal.SIGKILL)
         try: os.killpg(process.pid, signal.SIGKILL)  # the tool and anything it started; nothing outlives the call
         except OSError: pass
         process.kill()  # in case it had not made its own group yet; multiprocessing reaps it at the next start

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/13_training.ipynb #24c6f21f
 from __future__ import annotations
-import json, math, os, time, warnings
+import contextlib, json, math, numbers, os, reprlib, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,6 +25,7 @@ from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_al
 from .ppo import add_value_head
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import create_jsonl_logger, create_progress_logger, load_metrics
+from .cache import folder_lock
 from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint, save_checkpoint
 
 # %% auto #0
@@ -135,12 +136,43 @@ def _select(cb: CollatedBatch, idx: Tensor) -> CollatedBatch:
     return cb._replace(**{f: pick(getattr(cb, f)) for f in cb._fields})
 
 
-def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation) -> list[tuple[Tensor, float]]:
-    "Row indices of each micro-batch and the weight of its loss in the batch loss."
+def _is_number(v) -> bool:
+    "A real number, or a one-element tensor or array (what a loss or an evaluation may report)."
+    if isinstance(v, numbers.Real): return True
+    return getattr(v, "size", None) == 1 or (isinstance(v, Tensor) and v.numel() == 1)
+
+
+def _checked_loss(out, fn: str) -> tuple[Tensor, Mapping]:
+    "A loss function's result: (a scalar tensor, {name: number}), or an error saying what came back."
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise TypeError(f"{fn}: `loss_fn` returned a {type(out).__name__}; expected a pair (loss, metrics): a scalar "
+                        "tensor and a dict of numbers")
+    loss, metrics = out
+    if not isinstance(loss, Tensor) or loss.numel() != 1:
+        got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else f"a {type(loss).__name__}"
+        raise TypeError(f"{fn}: `loss_fn` returned {got} as its loss; expected a scalar tensor")
+    if not isinstance(metrics, Mapping) or not all(_is_number(v) for v in metrics.values()):
+        raise TypeError(f"{fn}: `loss_fn` returned {reprlib.repr(metrics)} as its metrics; expected a dict of numbers")
+    return loss.reshape(()), metrics
+
+
+def _checked_norm(value, fn: str) -> float:
+    "An optimizer step function's result: the gradient norm, a number."
+    if isinstance(value, Tensor) and value.numel() == 1: value = value.item()
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{fn}: `optimizer_step_fn` returned {reprlib.repr(value)}; expected the gradient norm")
+    return float(value)
+
+
+def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
+                   units: Tensor | None = None) -> list[tuple[Tensor, float]]:
+    "Row indices of each micro-batch and the weight of its loss in the batch loss: its share of what the loss averages."
     B = cb.input_ids.shape[0]
     size = B if not micro_batch_size or micro_batch_size >= B else int(micro_batch_size)
     chunks = torch.arange(B, device=cb.input_ids.device).split(size)
     if len(chunks) == 1: return [(chunks[0], 1.0)]
+    if units is not None and float(units.sum()) > 0:  # the algorithm's own unit, e.g. DPO's pairs
+        return [(i, float(units[i].sum() / units.sum())) for i in chunks]
     if aggregation == "token_mean":
         total = cb.loss_mask.sum().clamp(min=1)
         return [(i, float(cb.loss_mask[i].sum() / total)) for i in chunks]
@@ -212,7 +244,8 @@ def training_step(
         if cb.ref_logprobs is None and state.ref_model is not None:
             cb = cb._replace(ref_logprobs=get_reference_logprobs(state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
         if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
-    chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"))
+    units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
+    chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
     for update in range(cfg.updates_per_batch):  # 4.
         totals, loss_value = {}, 0.0
@@ -220,7 +253,7 @@ def training_step(
             mb = _select(cb, idx)
             logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, C, temperature=T, value_head=head)  # (b, C), with grad
             if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])  # PPO: values from the same pass
-            loss, metrics = loss_fn(mb, logprobs, algo)
+            loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
             if not (isinstance(loss, Tensor) and loss.requires_grad):
                 raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the log-probs passed to the loss function")
             if not torch.isfinite(loss): raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {state.iteration}; stopping before it reaches the weights")
@@ -230,7 +263,7 @@ def training_step(
             (loss * weight).backward()
             loss_value += weight * loss.item()
             for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
-        grad_norm = step_fn(state, cfg.max_grad_norm)  # 5.
+        grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)  # 5.
         state = state._replace(global_step=state.global_step + 1)
         per_update.append({**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)})
     metrics = {k: sum(u.get(k, 0.0) for u in per_update) / len(per_update) for k in per_update[0]}
@@ -263,6 +296,9 @@ def training_iteration(
     t_rollout = time.perf_counter() - t0
     if iteration_hook is not None:
         out = iteration_hook(state, batch)
+        if out is not None and not isinstance(out, Batch):
+            raise TypeError(f"training_iteration: `iteration_hook` returned a {type(out).__name__}; "
+                            "expected None or a Batch")
         if out is not None: batch = out
     if len(batch) == 0:  # e.g. a filter dropped every group: nothing to learn from this time
         lr = state.optimizer.param_groups[0]["lr"]
@@ -301,6 +337,11 @@ def _check_unused(config: TrainingConfig, given: dict[str, bool], fn: str = "tra
                              f"leave {field} at its default ({getattr(default, field)!r})")
 
 # %% ../nbs/13_training.ipynb #05e31216
+def _output_lock(config: TrainingConfig):
+    "The lock on config.output_dir that `train` holds while it runs (nothing to hold without an output_dir)."
+    return contextlib.nullcontext() if config.output_dir is None else folder_lock(config.output_dir, "rlnb.train")
+
+
 def _output_paths(config: TrainingConfig, fn: str = "train") -> tuple[Path | None, Path | None]:
     "(metrics file, checkpoint folder) in config.output_dir; an existing run there is an error unless config.resume."
     if config.output_dir is None:
@@ -316,6 +357,20 @@ def _output_paths(config: TrainingConfig, fn: str = "train") -> tuple[Path | Non
     return metrics, ckpt
 
 
+_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r")  # not the
+# model's name: a folder may move (the weights' shapes are checked when they load)
+
+
+def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, fn: str = "train") -> None:
+    "Resume continues the run the checkpoint holds: the settings that make it that run must be the same."
+    if not isinstance(saved, Mapping): return  # a checkpoint written without a config (by hand): nothing to compare
+    changed = [f"{k}: {saved[k]!r} there, {getattr(config, k)!r} here" for k in _RUN_IDENTITY
+               if k in saved and saved[k] != getattr(config, k)]
+    if changed:
+        raise ValueError(f"{fn}: resume=True, but {path} holds another run ({'; '.join(changed)}); resume with the "
+                         "run's own settings, or start a new run in another output_dir")
+
+
 def _drop_rows_after(metrics: Path, iteration: int) -> int:
     "Rewrite `metrics` (atomically) without the rows logged after `iteration`; returns how many were dropped."
     if not metrics.exists(): return 0
@@ -324,7 +379,9 @@ def _drop_rows_after(metrics: Path, iteration: int) -> int:
     for line in lines:
         try: row = json.loads(line)
         except json.JSONDecodeError: continue  # a torn line from the crash
-        if row.get("iteration", 0) <= iteration: keep.append(line)
+        if not isinstance(row, dict): continue  # junk: not a metrics row
+        at = row.get("iteration", 0)
+        if isinstance(at, (int, float)) and not isinstance(at, bool) and at <= iteration: keep.append(line)
     tmp = metrics.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(l + "\n" for l in keep))
     os.replace(tmp, metrics)
@@ -342,6 +399,21 @@ def _build_policy(config: TrainingConfig, model, tokenizer):
     return model, tokenizer
 
 # %% ../nbs/13_training.ipynb #ca51e1a2
+def _check_objects(model, tokenizer, initial_state, progress, fn: str) -> None:
+    "The objects `train` is handed are of the kinds it needs (a name belongs in config.model, not in `model`)."
+    if model is not None and not isinstance(model, torch.nn.Module):
+        hint = f"; to load {model!r} by name, set config.model={model!r}" if isinstance(model, str) else ""
+        raise TypeError(f"{fn}: `model` must be a torch model (nn.Module), got a {type(model).__name__}{hint}")
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(tokenizer)):
+        raise TypeError(f"{fn}: `tokenizer` must be a tokenizer object (e.g. from rlnb.load_tokenizer), got a "
+                        f"{type(tokenizer).__name__}; with config.model set, leave it None")
+    if initial_state is not None and not isinstance(initial_state, TrainingState):
+        raise TypeError(f"{fn}: `initial_state` must be a TrainingState (rlnb.training.create_training_state), "
+                        f"got a {type(initial_state).__name__}")
+    if not isinstance(progress, int) or progress not in (0, 1):
+        raise TypeError(f"{fn}: `progress` must be True or False, got {progress!r}")
+
+
 def train(
     config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
     model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
@@ -380,6 +452,7 @@ def train(
     if not all(callable(l) for l in loggers): raise TypeError(f"{fn}: `logger` must be a function (state, stats) -> None or a list of them")
     given = dict(initial_state=initial_state is not None, model=model is not None, prompt_loader=prompt_loader is not None, prompts=prompts is not None,
                  reward_fn=reward_fn is not None or rollout_fn is not None, eval_fn=eval_fn is not None, algorithm_config=algorithm_config is not None)
+    _check_objects(model, tokenizer, initial_state, progress, fn)
     _check_unused(config, given, fn)
     if initial_state is not None and model is not None: raise ValueError(f"{fn}: pass `model` or `initial_state`, not both")
     if (initial_state is not None or model is not None) and tokenizer is None: raise ValueError(f"{fn}: `tokenizer` is required with `model` or `initial_state`")
@@ -398,52 +471,58 @@ def train(
                          "sampled for its prompt, so a group of one has advantage 0 and nothing trains; use group_size >= 2")
     if spec is not None and spec.whole_groups and config.micro_batch_size and config.micro_batch_size % config.group_size:
         raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s groups; use a multiple of group_size or None")
-    metrics_path, ckpt_path = _output_paths(config, fn)
+    with _output_lock(config):  # one writer per output_dir, until train returns
+        metrics_path, ckpt_path = _output_paths(config, fn)
 
-    set_seed(config.seed)
-    if initial_state is None:
-        policy, tokenizer = _build_policy(config, model, tokenizer)
-        initial_state = create_training_state(policy, config, reference=is_peft_model(policy) or first.get("beta", 0) > 0)
-    state = initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(default_num_threads(state.model, config.num_threads))
-    if config.resume:
-        if checkpoint_metadata(ckpt_path)["value_head"]: state = add_value_head(state)  # a run that had reached PPO
-        loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
-        state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
-        if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
-            if "data_buffer" not in state.metadata: raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
-            prompts.load_state_dict(state.metadata["data_buffer"])
-        dropped = _drop_rows_after(metrics_path, state.iteration)
-        print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
-              + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
-    buffer = prompts if isinstance(prompts, DataBuffer) else None
-    if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
-    elif prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
-    run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong penalty
-    if rollout_fn is None:
-        reward = reward_fn or task.reward_fn
-        if run["overlong_buffer"]: reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"], run["overlong_penalty"])
-        rollout_fn = create_rollout_fn(reward, generator, template_fn, tool_parser,
-                                       system_prompt if system_prompt is not None or task is None else task.system_prompt)
-    elif run["overlong_buffer"]: raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; set overlong_buffer=0")
-    if run["dynamic_sampling"]:
-        rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"], run["max_sampling_rounds"],
-                                                prompt_source=(lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task)
-    if eval_fn is None and config.eval_every and not own_prompts:
-        eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
-    if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
-    if progress: loggers.append(create_progress_logger(config.num_iterations))
-    if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
-    if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
-        save = checkpoint_fn
-        checkpoint_fn = lambda s: save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
-    try: return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
-                      ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook, stop_fn)
-    finally: torch.set_num_threads(threads)
+        set_seed(config.seed)
+        if initial_state is None:
+            policy, tokenizer = _build_policy(config, model, tokenizer)
+            initial_state = create_training_state(policy, config, reference=is_peft_model(policy) or first.get("beta", 0) > 0)
+        state = initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config})
+        threads = torch.get_num_threads()
+        torch.set_num_threads(default_num_threads(state.model, config.num_threads))
+        if config.resume:
+            saved = checkpoint_metadata(ckpt_path)
+            _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
+            if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
+            loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
+            state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
+            if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
+                if "data_buffer" not in state.metadata: raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
+                prompts.load_state_dict(state.metadata["data_buffer"])
+            dropped = _drop_rows_after(metrics_path, state.iteration)
+            print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
+                  + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
+        buffer = prompts if isinstance(prompts, DataBuffer) else None
+        if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
+        elif prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
+        run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong penalty
+        if rollout_fn is None:
+            reward = reward_fn or task.reward_fn
+            if run["overlong_buffer"]: reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"], run["overlong_penalty"])
+            rollout_fn = create_rollout_fn(reward, generator, template_fn, tool_parser,
+                                           system_prompt if system_prompt is not None or task is None else task.system_prompt)
+        elif run["overlong_buffer"]: raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; set overlong_buffer=0")
+        if run["dynamic_sampling"]:
+            rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"], run["max_sampling_rounds"],
+                                                    prompt_source=(lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task)
+        if eval_fn is None and config.eval_every and not own_prompts:
+            eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
+        if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
+        if progress: loggers.append(create_progress_logger(config.num_iterations))
+        if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
+        if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
+            save = checkpoint_fn
+            checkpoint_fn = lambda s: save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
+        try: return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
+                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook, stop_fn)
+        finally: torch.set_num_threads(threads)
 
 # %% ../nbs/13_training.ipynb #2317b0fd
 def _eval_stats(lr: float, metrics: Mapping[str, float]) -> TrainingStats:
+    "An evaluation's metrics as a TrainingStats row: `eval_fn` must return {name: number}."
+    if not isinstance(metrics, Mapping) or not all(isinstance(k, str) and _is_number(v) for k, v in metrics.items()):
+        raise TypeError(f"train: `eval_fn` returned {reprlib.repr(metrics)}; expected a dict of names to numbers")
     named = {k if k.startswith("eval/") else f"eval/{k}": float(v) for k, v in metrics.items()}
     nan = float("nan")
     return TrainingStats(nan, nan, lr, nan, nan, nan, named)

@@ -158,7 +158,10 @@ def test_jsonl_logger_closes_a_torn_tail_and_load_metrics_skips_torn_lines(tmp_p
         warnings.simplefilter("always")
         df = load_metrics(file)
     assert df["step"].tolist() == [1, 5]
-    assert [str(w.message) for w in caught] == [f"load_metrics: skipped {file}:{n}, not a JSON record (a torn write?)" for n in (2, 3)]
+    assert [str(w.message) for w in caught] == [f"load_metrics: skipped 2 lines of {file} (2, 3), not JSON records (torn writes?)"]
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match="holds no JSON records .* it is not a metrics file"): load_metrics(binary)
 
 
 def test_progress_logger_prints_first_every_tenth_and_last():

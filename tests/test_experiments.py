@@ -186,6 +186,7 @@ def test_failed_run_is_recorded_others_finish_and_a_rerun_retries_it(tmp_path):
         assert (r.summary["omp"], r.summary["rlnb_threads"]) == ("1", "1")
         if os.environ.get("RLNB_CACHE"): assert r.summary["cache"] == str(Path(os.environ["RLNB_CACHE"]).resolve())
     assert json.loads((killed / STATUS_FILE).read_text())["attempt"] == 2 and len((killed / "metrics.jsonl").read_text().splitlines()) == 10
+    assert (killed / "attempts" / "1" / "metrics.jsonl").read_text() == "{"  # the killed attempt, kept
     stamps = [r.notebook.stat().st_mtime_ns for r in first[:2]]
     write_toy(notebook, bug=False)  # the fix
     second = run_sweep(notebook, grid, seeds=2, executor=pool, output_root=root, log_fn=None)
@@ -237,3 +238,102 @@ def test_command_line_run_and_sweep(tmp_path, monkeypatch, capsys):
         assert main(argv) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+SLOW_TOY = """import json, os, time
+from pathlib import Path
+if die: os.kill(os.getppid(), 9)  # kill the run's process (the kernel's parent) from inside the run
+with open(Path(output_dir) / "metrics.jsonl", "w") as f:
+    for step in range(1, num_iterations + 1):
+        time.sleep(pause)
+        f.write(json.dumps({"step": step, "reward/mean": step / num_iterations}) + "\\n"); f.flush()
+(Path(output_dir) / "summary.json").write_text(json.dumps({"steps": num_iterations, "final_step": num_iterations}))"""
+
+
+def write_slow_toy(path: Path) -> Path:
+    "A papermill notebook that logs a step every `pause` seconds; with `die` it kills its own run's process."
+    cells = [nbformat.v4.new_code_cell("num_iterations = 10\npause = 0.0\ndie = False\nseed = 0\noutput_dir = 'x'",
+                                       metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell(SLOW_TOY)]
+    kernelspec = {"name": "python3", "language": "python", "display_name": "python3"}
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), path)
+    return path
+
+
+def descendants(pid: int) -> set[int]:
+    "Every live process below `pid`, from /proc."
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try: fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError: continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found: found.add(child); todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try: state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError: return False
+    return state != "Z"  # a zombie has exited; it only waits for its parent to read its status
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is a Linux feature")
+def test_killing_the_sweep_driver_kills_its_runs_and_the_same_sweep_finishes_them(tmp_path):
+    import signal, time
+    notebook, root = write_slow_toy(tmp_path / "slow.ipynb"), tmp_path / "sweep"
+    grid = {"pause": 0.25, "num_iterations": 40}
+    driver_code = (f"from rlnb.experiments import run_sweep\n"
+                   f"run_sweep({str(notebook)!r}, {grid!r}, seeds=2, output_root={str(root)!r}, workers=2, check_params=None)")
+    driver = subprocess.Popen([sys.executable, "-c", driver_code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = [root / f"seed={s}" / "metrics.jsonl" for s in (0, 1)]
+    deadline = time.time() + 120
+    while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):  # both kernels are training
+        assert time.time() < deadline and driver.poll() is None, "the runs never started"
+        time.sleep(0.2)
+    below = descendants(driver.pid)
+    assert len(below) >= 4, below  # two run processes and two kernels at least
+    driver.send_signal(signal.SIGKILL); driver.wait()
+    deadline = time.time() + 15
+    while any(alive(p) for p in below) and time.time() < deadline: time.sleep(0.2)
+    assert not [p for p in below if alive(p)], "orphans outlived the killed driver"
+    rows = [m.read_text().count("\n") for m in metrics]
+    time.sleep(1.0)
+    assert [m.read_text().count("\n") for m in metrics] == rows, "something still writes the runs"
+    assert all(r < 40 for r in rows)
+    again = run_sweep(notebook, grid, seeds=2, output_root=root, workers=2, check_params=None, log_fn=None)
+    assert [(r.status, r.skipped) for r in again] == [("completed", False)] * 2
+    for r, cut in zip(again, rows):  # the killed attempts are kept, row for row, beside the finished runs
+        assert (r.output_dir / "metrics.jsonl").read_text().count("\n") == 40
+        assert (r.output_dir / "attempts" / "1" / "metrics.jsonl").read_text().count("\n") == cut
+
+
+def test_a_run_whose_process_dies_fails_alone(tmp_path):
+    notebook = write_slow_toy(tmp_path / "slow.ipynb")
+    results = run_sweep(notebook, {"die": [False, True], "pause": 0.05}, output_root=tmp_path / "sweep", workers=2,
+                        check_params=None, log_fn=None)
+    assert [r.status for r in results] == ["completed", "failed"]
+    assert results[1].error == "RuntimeError: the run's process died (exit code -9)"
+    assert (results[0].output_dir / "metrics.jsonl").read_text().count("\n") == 10
+
+
+def test_a_folder_in_use_is_never_touched(tmp_path):
+    from rlnb.cache import folder_lock
+    notebook, out = write_slow_toy(tmp_path / "slow.ipynb"), tmp_path / "sweep" / "seed=0"
+    out.mkdir(parents=True); (out / STATUS_FILE).write_text('{"status": "running", "attempt": 1}'); (out / "metrics.jsonl").write_text("{}\n")
+    code = f"from rlnb.cache import folder_lock\nimport time\nwith folder_lock({str(out)!r}, 'train'):\n    print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RuntimeError, match=f"in use by another process \\(purpose train, pid {holder.pid}"):
+            run_experiment(notebook, {"seed": 0}, out, check_params=None)
+        lines = []
+        results = run_sweep(notebook, {"seed": [0]}, output_root=tmp_path / "sweep", check_params=None, log_fn=lines.append)
+    finally:
+        holder.kill(); holder.wait(); holder.stdout.close()
+    assert results[0].status == "running" and "in use, left alone" in lines[0], lines
+    assert (out / "metrics.jsonl").read_text() == "{}\n" and not (out / "attempts").exists()  # untouched
+    with folder_lock(out): pass  # free again once its holder died
+    result = run_experiment(notebook, {"seed": 0}, out, check_params=None)
+    assert result.status == "completed" and (out / "attempts" / "1" / "metrics.jsonl").read_text() == "{}\n"

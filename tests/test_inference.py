@@ -189,7 +189,7 @@ def test_generator_hook_gets_the_prompt_list(tiny, prompts):
     seen = []
     def echo(m, t, ps, c):
         seen.append(list(ps))
-        return [Generation(f"{p}#{j}") for p in ps for j in range(c.num_return_sequences)]
+        return [Generation(f"{p}#{j}", token_ids=[]) for p in ps for j in range(c.num_return_sequences)]
     gens = batch_generate(model, tok, prompts[:2], GenerationConfig(num_return_sequences=2), batch_size=1, generator=echo)
     assert [g.text for g in gens] == [f"{p}#{j}" for p in prompts[:2] for j in range(2)] and seen == [prompts[:2]]
     assert generate(model, tok, prompts[0], generator=echo).text == f"{prompts[0]}#0" and seen[-1] == [prompts[0]]
