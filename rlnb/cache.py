@@ -1,5 +1,5 @@
-"""Where rlnb keeps what it builds once and reads many times, and how a folder is built so that a crash or a rival
-process never leaves half of one.
+"""Where rlnb keeps what it builds once, how a folder is built so that a crash or a rival process never leaves half of
+one, how one writer holds a folder at a time, and how a child process ends with its parent.
 
 Docs: https://rlnb.github.io/rlnb/cache.html.md"""
 
