@@ -16,7 +16,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from .core import Generation, GenerationConfig, is_peft_model, model_device, pad_token_id
 
 # %% auto #0
-__all__ = ['left_pad', 'merged_lora', 'batch_generate', 'generate', 'generate_with_logprobs']
+__all__ = ['INVERSE_CDF_MIN_VOCAB', 'left_pad', 'merged_lora', 'batch_generate', 'generate', 'generate_with_logprobs']
 
 # %% ../nbs/04_generation.ipynb #099f8d74
 def left_pad(
@@ -110,6 +110,7 @@ def _encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
     return out
 
 
+INVERSE_CDF_MIN_VOCAB = 4096  # from this vocabulary size on, batch_generate draws with _InverseCdfSampler
 _HF_SAMPLING_KEYS = {"do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff",
                      "eta_cutoff", "num_beams", "top_h"}
 
@@ -118,7 +119,7 @@ def _hf_generate_kwargs(config: GenerationConfig, tokenizer, pad_id: int, eos_id
     "Keyword arguments for `model.generate`, every sampling knob explicit."
     sample = config.do_sample and config.temperature > 0
     custom = dict(config.custom_params or {})
-    ours = sample and not (_HF_SAMPLING_KEYS & set(custom))  # our inverse-CDF draw, unless HF's sampler was tuned
+    ours = sample and len(tokenizer) >= INVERSE_CDF_MIN_VOCAB and not (_HF_SAMPLING_KEYS & set(custom))
     kw = dict(max_new_tokens=config.max_new_tokens, do_sample=sample and not ours, pad_token_id=pad_id,
               eos_token_id=eos_ids or None, use_cache=True, return_dict_in_generate=True, repetition_penalty=1.0,
               num_return_sequences=1, temperature=1.0, top_p=1.0, top_k=None)  # neutral unless HF samples

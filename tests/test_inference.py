@@ -252,3 +252,23 @@ def test_tools_never_eval_and_time_out():
     res = execute_tools(calls, tools={"sleep": lambda: time.sleep(3)}, timeout_s=0.1)
     assert time.time() - t0 < 1.5
     assert res[0]["error"].startswith("TimeoutError") and "invalid JSON" in res[1]["error"]
+
+
+def test_the_inverse_cdf_sampler_inside_generate(tiny, monkeypatch):
+    "Forced on the tiny model's small vocabulary: first-token frequencies follow the softmax, and top-k holds."
+    import rlnb.generation as G
+    from rlnb.chat import format_prompt
+    model, tok = tiny
+    monkeypatch.setattr(G, "INVERSE_CDF_MIN_VOCAB", 0)  # SmolLM2-sized vocabularies use it; here it is forced
+    prompt = format_prompt("49+97=", tok)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    with torch.no_grad(): p = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)  # (V,)
+    torch.manual_seed(0)
+    gens = batch_generate(model, tok, [prompt], GenerationConfig(max_new_tokens=1, num_return_sequences=4000))
+    freq = torch.bincount(torch.tensor([g.token_ids[0] for g in gens]), minlength=len(p)).float() / 4000
+    assert ((freq - p).abs() <= 4 * (p * (1 - p) / 4000).sqrt() + 1e-3).all()
+    kw = G._hf_generate_kwargs(GenerationConfig(top_k=3), tok, tok.pad_token_id, [tok.eos_token_id])
+    assert kw["do_sample"] is False and isinstance(kw["logits_processor"][-1], G._InverseCdfSampler)
+    top3 = set(p.topk(3).indices.tolist())
+    gens = batch_generate(model, tok, [prompt], GenerationConfig(max_new_tokens=1, num_return_sequences=500, top_k=3))
+    assert {g.token_ids[0] for g in gens} <= top3
