@@ -237,6 +237,14 @@ def _incomplete(out: Path, status: dict) -> str | None:
     return None
 
 
+def _finished(fn: str, out: Path, params: dict) -> RunResult | None:
+    "The completed, consistent run in `out` (with the very same parameters, else an error), or None."
+    previous = _read_status(out)
+    if previous is None or previous.get("status") != "completed" or _incomplete(out, previous): return None
+    _check_same_params(fn, out, previous, params)
+    return _result(out, previous, skipped=True)
+
+
 def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
     "The RunResult that a run folder's status describes."
     seconds = status.get("seconds")
@@ -271,18 +279,13 @@ def run_experiment(
     notebook, out = Path(notebook).resolve(), Path(output_dir).resolve()
     _check_request(fn, notebook, params, check_params)
     _check_not_in_use(fn, out)
-    previous = _read_status(out)
-    if previous is not None and previous.get("status") == "completed" and not _incomplete(out, previous):
-        _check_same_params(fn, out, previous, params)
-        return _result(out, previous, skipped=True)
-    _check_folder(fn, out, previous)
+    done = _finished(fn, out, params)
+    if done is not None: return done
+    _check_folder(fn, out, _read_status(out))
     with folder_lock(out, "rlnb run_experiment", RUN_LOCK_FILE):  # until the status says how it ended
         _check_not_in_use(fn, out, lock_files=(LOCK_FILE,))  # a kernel may have started between the look and the lock
-        previous = _read_status(out)  # and what it left: read again under the lock
-        if previous is not None and previous.get("status") == "completed" and not _incomplete(out, previous):
-            _check_same_params(fn, out, previous, params)
-            return _result(out, previous, skipped=True)
-        return _run_attempt(notebook, params, out, previous, env, cwd, kernel_name, log_output)
+        done = _finished(fn, out, params)  # and what it left: looked at again under the lock
+        return done or _run_attempt(notebook, params, out, _read_status(out), env, cwd, kernel_name, log_output)
 
 
 def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None, env, cwd, kernel_name: str,
@@ -445,15 +448,13 @@ def run_sweep(
     for run_id, params in plan.items():  # every check before the first kernel starts
         _check_request(f"{fn}: run {run_id}", notebook, params, check_params)
         out = root / run_id
-        previous, holder = _read_status(out), _folder_holder(out)
+        holder = _folder_holder(out)
         if holder is not None:  # a live process writes there (e.g. a sweep started elsewhere): leave it alone
             in_use = str(FolderInUseError(out, holder))
             results[run_id] = _result(out, {"status": "running", "params": params, "error": in_use}, skipped=True)
-        elif previous is not None and previous.get("status") == "completed" and not _incomplete(out, previous):
-            _check_same_params(fn, out, previous, params)
-            results[run_id] = _result(out, previous, skipped=True)
+        elif (done := _finished(fn, out, params)) is not None: results[run_id] = done
         else:
-            _check_folder(f"{fn}: run {run_id}", out, previous)
+            _check_folder(f"{fn}: run {run_id}", out, _read_status(out))
             todo[run_id] = params
     say = log_fn or (lambda line: None)
     for k, result in enumerate(results.values(), 1): say(_progress_line(k, len(plan), result))
