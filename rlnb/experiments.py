@@ -7,7 +7,8 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/17_experiments.ipynb #b4224387
 from __future__ import annotations
-import contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, reprlib, shutil, socket, threading, time, warnings
+import contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, reprlib, shutil, socket, threading, time
+import warnings
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence

@@ -477,7 +477,8 @@ def train(
         set_seed(config.seed)
         if initial_state is None:
             policy, tokenizer = _build_policy(config, model, tokenizer)
-            initial_state = create_training_state(policy, config, reference=is_peft_model(policy) or first.get("beta", 0) > 0)
+            reference = is_peft_model(policy) or first.get("beta", 0) > 0
+            initial_state = create_training_state(policy, config, reference=reference)
         state = initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config})
         threads = torch.get_num_threads()
         torch.set_num_threads(default_num_threads(state.model, config.num_threads))
@@ -485,37 +486,47 @@ def train(
             saved = checkpoint_metadata(ckpt_path)
             _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
             if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
-            loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
+            loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler,
+                                     value_head=state.value_head)
             state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
             if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
-                if "data_buffer" not in state.metadata: raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
+                if "data_buffer" not in state.metadata:
+                    raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
                 prompts.load_state_dict(state.metadata["data_buffer"])
             dropped = _drop_rows_after(metrics_path, state.iteration)
             print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
                   + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
         buffer = prompts if isinstance(prompts, DataBuffer) else None
         if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
-        elif prompt_loader is None: prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
-        run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong penalty
+        elif prompt_loader is None:
+            source = task if prompts is None else prompts
+            prompt_loader = create_prompt_loader(source, config.prompts_per_step, config.seed)
+        run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
         if rollout_fn is None:
             reward = reward_fn or task.reward_fn
-            if run["overlong_buffer"]: reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"], run["overlong_penalty"])
-            rollout_fn = create_rollout_fn(reward, generator, template_fn, tool_parser,
-                                           system_prompt if system_prompt is not None or task is None else task.system_prompt)
-        elif run["overlong_buffer"]: raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; set overlong_buffer=0")
+            if run["overlong_buffer"]:
+                buffer_length, penalty = run["overlong_buffer"], run["overlong_penalty"]
+                reward = add_overlong_penalty(reward, config.max_new_tokens, buffer_length, penalty)
+            system = system_prompt if system_prompt is not None or task is None else task.system_prompt
+            rollout_fn = create_rollout_fn(reward, generator, template_fn, tool_parser, system)
+        elif run["overlong_buffer"]:
+            raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
+                             "set overlong_buffer=0")
         if run["dynamic_sampling"]:
-            rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"], run["max_sampling_rounds"],
-                                                    prompt_source=(lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task)
+            source = (lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task
+            rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"],
+                                                    run["max_sampling_rounds"], prompt_source=source)
         if eval_fn is None and config.eval_every and not own_prompts:
             eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
         if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
         if progress: loggers.append(create_progress_logger(config.num_iterations))
         if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
         if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
-            save = checkpoint_fn
-            checkpoint_fn = lambda s: save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
+            def checkpoint_fn(s, save=checkpoint_fn):
+                return save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
         try: return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
-                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook, stop_fn)
+                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
+                          stop_fn)
         finally: torch.set_num_threads(threads)
 
 # %% ../nbs/13_training.ipynb #2317b0fd
