@@ -7,14 +7,15 @@ Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 # %% ../nbs/17b_cli.ipynb #77cd9bc3
 from __future__ import annotations
 import argparse, ast, logging, sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
 
 from .cache import FolderInUseError
-from .experiments import _progress_line, run_experiment, run_name, run_sweep
+from .experiments import _progress_line, run_experiment, run_sweep
 
 # %% auto #0
-__all__ = ['parse_value', 'parse_params', 'main']
+__all__ = ['parse_value', 'parse_params', 'yaml_params', 'main']
 
 # %% ../nbs/17b_cli.ipynb #600b0b93
 def parse_value(
@@ -42,6 +43,22 @@ def parse_params(
         params[name] = parsed if len(parsed) > 1 else parsed[0]
     return params
 
+# %% ../nbs/17b_cli.ipynb #90523849
+def yaml_params(
+    text: str,  # YAML: a mapping from parameter names to values
+    source: str = "-y",  # where it came from, for errors: "-y" or "-f FILE"
+) -> dict:
+    "Parameters given as YAML text (papermill's -y / -f): {name: value}, checked to be a mapping of identifiers."
+    import yaml
+    try: params = yaml.safe_load(text)
+    except yaml.YAMLError as e: raise ValueError(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if params is None: return {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{source}: expected a mapping of parameter names to values, got {type(params).__name__}")
+    bad = [k for k in params if not (isinstance(k, str) and k.isidentifier())]
+    if bad: raise ValueError(f"{source}: parameter names must be Python identifiers, got {bad[0]!r}")
+    return dict(params)
+
 # %% ../nbs/17b_cli.ipynb #e5985b0b
 def _parser() -> argparse.ArgumentParser:
     "rlnb run ... | rlnb sweep ..."
@@ -57,41 +74,54 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("notebook", help="a papermill notebook, e.g. nbs/experiments/grpo_training.ipynb")
         cmd.add_argument("-p", "--param", nargs="+", action="append", default=[], metavar=("NAME", "VALUE"),
                          help=f"{many}, read like papermill's -p: 1e-3, 30, True, None, or text")
+        cmd.add_argument("-y", "--parameters-yaml", metavar="YAML", help="parameters as YAML text (-p wins over it)")
+        cmd.add_argument("-f", "--parameters-file", metavar="FILE", help="parameters in a YAML file (-p wins over it)")
     run.add_argument("-o", "--output", help="the run's folder (default: runs/NOTEBOOK/<parameters>)")
     run.add_argument("--log-output", action="store_true", help="print the notebook's output while it runs")
     sweep.add_argument("-o", "--output", help="the sweep's folder, a subfolder per run (default: runs/NOTEBOOK)")
-    sweep.add_argument("--seeds", type=int, help="seeds per setting, 0..N-1 (default: 1 seed, or the -p seed values)")
+    sweep.add_argument("--seeds", type=int, help="seeds per setting, 0..N-1 (default: the notebook's seed, or -p seed)")
     sweep.add_argument("--workers", type=int, help="runs at a time, each in its own process (default: one per core)")
     sweep.add_argument("--threads", type=int, default=1, help="CPU threads per run (default: 1)")
     return p
 
 # %% ../nbs/17b_cli.ipynb #d9ea5813
+def _given_params(args: argparse.Namespace, several: bool) -> dict:
+    "The parameters of the command: -f FILE, then -y YAML, then the -p options, each winning over the ones before."
+    params = {}
+    if args.parameters_file:
+        path = Path(args.parameters_file)
+        if not path.is_file(): raise FileNotFoundError(f"-f {path}: no such file")
+        params.update(yaml_params(path.read_text(encoding="utf-8", errors="replace"), f"-f {path}"))
+    if args.parameters_yaml: params.update(yaml_params(args.parameters_yaml, "-y"))
+    return {**params, **parse_params(args.param, several=several)}
+
+
+def _say(line: str) -> None: print(line, flush=True)
+
+
 def main(
     argv: Sequence[str] | None = None,  # the arguments after `rlnb` (None: the command line's)
 ) -> int:  # exit status: 0 every run completed, 1 some failed, 2 bad arguments
     "The `rlnb` command: `rlnb run NOTEBOOK -p NAME VALUE ...` or `rlnb sweep NOTEBOOK -p NAME VALUE ... --seeds N`."
     args = _parser().parse_args(argv)
-    say, stem = (lambda line: print(line, flush=True)), Path(args.notebook).stem
     try:
+        params = _given_params(args, several=args.command == "sweep")
         if args.command == "run":
-            params = parse_params(args.param)
             if args.log_output: logging.basicConfig(level=logging.INFO, format="%(message)s")
-            result = run_experiment(args.notebook, params, args.output or Path("runs", stem, run_name(params)),
-                                    log_output=args.log_output)
-            say(_progress_line(1, 1, result))
+            result = run_experiment(args.notebook, params, args.output, log_output=args.log_output)
+            _say(_progress_line(1, 1, result))
             return 0 if result.status == "completed" else 1
-        root = Path(args.output or Path("runs", stem))
-        results = run_sweep(args.notebook, parse_params(args.param, several=True), seeds=args.seeds, output_root=root,
-                            workers=args.workers, threads_per_run=args.threads, log_fn=say)
+        results = run_sweep(args.notebook, params, seeds=args.seeds, output_root=args.output, workers=args.workers,
+                            threads_per_run=args.threads, log_fn=_say)
     except (ValueError, TypeError, FileNotFoundError, FolderInUseError) as e:
         print(f"rlnb {args.command}: error: {e}", file=sys.stderr)
         return 2
     failed = [r.run_id for r in results if r.status == "failed"]
     busy = [r.run_id for r in results if r.status == "running"]  # another process is writing them: left alone
     done = len(results) - len(failed) - len(busy)
-    say(f"{done} of {len(results)} runs completed in {root}"
-        + (f"; failed: {' '.join(failed)} (the same command again retries them)" if failed else "")
-        + (f"; in use elsewhere, left alone: {' '.join(busy)}" if busy else ""))
+    _say(f"{done} of {len(results)} runs completed in {results[0].output_dir.parent}"
+         + (f"; failed: {' '.join(failed)} (the same command again retries them)" if failed else "")
+         + (f"; in use elsewhere, left alone: {' '.join(busy)}" if busy else ""))
     return 1 if failed or busy else 0
 
 # %% ../nbs/17b_cli.ipynb #eb20d540

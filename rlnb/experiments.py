@@ -7,8 +7,8 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/17_experiments.ipynb #b4224387
 from __future__ import annotations
-import contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, reprlib, shutil, socket, threading, time
-import warnings
+import ast, contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, reprlib, shutil, socket, threading
+import time, warnings
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -97,19 +97,20 @@ def _value_text(value) -> str:
 
 def run_name(
     params: Mapping,  # a run's parameters
-    keys: Sequence[str] | None = None,  # the ones that name it, in this order (None: all)
+    keys: Sequence[str] | None = None,  # the ones that name it, in this order (None: all, alphabetical, seed last)
 ) -> str:
     "A readable folder name, the same every time: `key=value` joined by commas, plus a hash if a value was made safe."
-    parts = [(str(k), _value_text(params[k])) for k in (params if keys is None else keys)]
+    keys = sorted(params, key=lambda k: (k == "seed", str(k))) if keys is None else keys
+    parts = [(str(k), _value_text(params[k])) for k in keys]
     name = ",".join(f"{_UNSAFE.sub('-', k)}={_UNSAFE.sub('-', v)}" for k, v in parts)
     if name != ",".join(f"{k}={v}" for k, v in parts) or len(name) > 120:  # made safe or shortened: add a hash
         name = f"{name[:100]},{hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:8]}"
     return name or "defaults"
 
 # %% ../nbs/17_experiments.ipynb #297c3c4d
-def _seed_list(fn: str, seeds, grid_has_seed: bool) -> list:
-    "The seeds of each setting; [None] means: the grid's own."
-    if seeds is None: return [None] if grid_has_seed else [0]
+def _seed_list(fn: str, seeds, grid_has_seed: bool, default_seed: int | None) -> list:
+    "The seeds of each setting; [None] means: none added (the grid's own, or the notebook's default)."
+    if seeds is None: return [None] if grid_has_seed or default_seed is None else [default_seed]
     if grid_has_seed: raise ValueError(f"{fn}: the grid sets `seed` and `seeds` is given too; use one of them")
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         if seeds < 1: raise ValueError(f"{fn}: `seeds` must be a count >= 1 or a list of seeds, got {seeds!r}")
@@ -122,7 +123,8 @@ def _seed_list(fn: str, seeds, grid_has_seed: bool) -> list:
 
 def expand_grid(
     grid: Mapping | Sequence[Mapping],  # {name: [values]} (lists swept, other values fixed) or [{name: value}, ...]
-    seeds: int | Sequence[int] | None = None,  # per setting: a count n (seeds 0..n-1) or a list; None: the grid's, or 0
+    seeds: int | Sequence[int] | None = None,  # per setting: a count n (seeds 0..n-1) or a list; None: see default_seed
+    default_seed: int | None = None,  # the seed of a setting when neither `seeds` nor the grid give one (None: no seed)
 ) -> dict[str, dict]:
     "A sweep's plan, {run_id: params}: every combination of the grid's lists (or each dict of a list) times each seed."
     fn = "expand_grid"
@@ -131,16 +133,16 @@ def expand_grid(
         empty = [k for k in swept if not grid[k]]
         if empty: raise ValueError(f"{fn}: grid[{empty[0]!r}] is an empty list; give it at least one value")
         combos = itertools.product(*(grid[k] for k in swept))
-        settings = [({**grid, **dict(zip(swept, combo))}, swept) for combo in combos]
+        settings = [{**grid, **dict(zip(swept, combo))} for combo in combos]
     elif isinstance(grid, Sequence) and not isinstance(grid, str) and all(isinstance(g, Mapping) for g in grid):
         if not grid: raise ValueError(f"{fn}: `grid` is an empty list; give at least one setting")
-        settings = [(dict(g), list(g)) for g in grid]
+        settings = [dict(g) for g in grid]
     else: raise TypeError(f"{fn}: `grid` must be a dict of lists or a list of dicts, got {type(grid).__name__}")
     plan = {}
-    for params, keys in settings:
-        for seed in _seed_list(fn, seeds, any("seed" in p for p, _ in settings)):
+    for params in settings:
+        for seed in _seed_list(fn, seeds, any("seed" in p for p in settings), default_seed):
             run = params if seed is None else {**params, "seed": seed}
-            run_id = run_name(run, [k for k in keys if k != "seed"] + (["seed"] if "seed" in run else []))
+            run_id = run_name(run)
             if run_id in plan: raise ValueError(f"{fn}: two runs are both {run_id!r}; runs must differ")
             plan[run_id] = run
     return plan
@@ -156,6 +158,23 @@ def _environ(env: Mapping[str, str]):
         for k, v in saved.items():
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
+
+
+def _notebook_seed(notebook: Path) -> int | None:
+    "The default `seed` of a papermill notebook's parameters cell, or None if it has none (or not an int literal)."
+    import papermill as pm
+    try: parameters = pm.inspect_notebook(str(notebook))
+    except Exception as e:  # nbformat's validation errors, JSON errors, papermill's own
+        raise ValueError(f"`notebook` {str(notebook)!r} is not a papermill notebook: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    try: default = ast.literal_eval(parameters.get("seed", {}).get("default", "None"))
+    except (ValueError, SyntaxError): return None
+    return default if isinstance(default, int) and not isinstance(default, bool) else None
+
+
+def _default_root(notebook: Path) -> Path:
+    "Where a notebook's runs go unless told otherwise: runs/<notebook's name>/ (as `rlnb run` and `rlnb sweep` do)."
+    return Path("runs", Path(notebook).stem)
 
 
 def _check_request(where: str, notebook: Path, params: dict, check_params) -> None:
@@ -266,7 +285,7 @@ def _error_text(error: BaseException) -> str:
 def run_experiment(
     notebook: str | Path,  # a papermill notebook: a cell tagged `parameters`, writes its files to `output_dir`
     params: Mapping | None = None,  # parameters to inject, e.g. {"learning_rate": 1e-3}; output_dir is set for you
-    output_dir: str | Path = "runs/experiment",  # the run's folder; a completed run there is not run again
+    output_dir: str | Path | None = None,  # the run's folder (None: runs/NOTEBOOK/<run_name>); a completed run is kept
     check_params: Callable[[Mapping], None] | None = check_run_params,  # raises on bad params, before any kernel starts
     env: Mapping[str, str] | None = None,  # environment variables for the kernel, e.g. {"OMP_NUM_THREADS": "1"}
     cwd: str | Path | None = None,  # the kernel's working folder (None: the current one)
@@ -274,11 +293,13 @@ def run_experiment(
     log_output: bool = False,  # also send the notebook's output to papermill's log as it runs
 ) -> RunResult:
     "Run `notebook` once under papermill: the executed notebook, a status file and the run's files go to `output_dir`."
-    fn, params = "run_experiment", dict(params or {})
+    fn, params, notebook = "run_experiment", dict(params or {}), Path(notebook).resolve()
+    _check_request(fn, notebook, params, check_params)
+    if "seed" not in params and (seed := _notebook_seed(notebook)) is not None: params["seed"] = seed
+    output_dir = _default_root(notebook) / run_name(params) if output_dir is None else output_dir
     if Path(output_dir).is_symlink():
         raise ValueError(f"{fn}: `output_dir` {str(output_dir)!r} is a link; give a folder's own path")
-    notebook, out = Path(notebook).resolve(), Path(output_dir).resolve()
-    _check_request(fn, notebook, params, check_params)
+    out = Path(output_dir).resolve()
     _check_not_in_use(fn, out)
     done = _finished(fn, out, params)
     if done is not None: return done
@@ -384,9 +405,18 @@ class ProcessPerRun(Executor):
                 with contextlib.suppress(BaseException): future.exception()  # waits until it is done
 
 # %% ../nbs/17_experiments.ipynb #5fffd58c
-def _progress_line(done: int, total: int, result: RunResult) -> str:
-    "`[3/8] learning_rate=0.001 seed=1 ok 14 s  reward 0.21->0.33  acc 0.34->0.59`: one finished run of a sweep."
-    head, seconds = f"[{done}/{total}] {result.run_id.replace(',', ' ')}", result.seconds
+def _varying(plan: Mapping[str, Mapping]) -> list[str] | None:
+    "The parameters whose values differ between a sweep's runs, in name order (None if none do)."
+    keys = sorted({k for params in plan.values() for k in params}, key=lambda k: (k == "seed", k))
+    differ = [k for k in keys if len({json.dumps(p.get(k), sort_keys=True) for p in plan.values()}) > 1]
+    return differ or None
+
+
+def _progress_line(done: int, total: int, result: RunResult, keys: Sequence[str] | None = None) -> str:
+    "`[3/8] learning_rate=0.001 seed=1 ok 14 s  reward 0.21->0.33  acc 0.34->0.59`: the run's `keys` (None: its name)."
+    who = result.run_id.replace(",", " ")
+    if keys: who = " ".join(f"{k}={_value_text(result.params.get(k))}" for k in keys)
+    head, seconds = f"[{done}/{total}] {who}", result.seconds
     took = f"{seconds:.0f} s" if isinstance(seconds, (int, float)) and seconds == seconds else "? s"
     if result.skipped and result.status == "running": return f"{head} in use, left alone: {result.error}"
     if result.skipped: return f"{head} done before, skipped"
@@ -428,9 +458,10 @@ def _record_lost(out: Path, params: dict, error: BaseException) -> RunResult:
 def run_sweep(
     notebook: str | Path,  # the papermill notebook every run executes
     grid: Mapping | Sequence[Mapping],  # {name: [values]} (lists swept, other values fixed) or [{name: value}, ...]
-    seeds: int | Sequence[int] | None = None,  # per setting: a count n (seeds 0..n-1) or a list; None: the grid's, or 0
+    seeds: int | Sequence[int] | None = None,  # per setting: a count n (seeds 0..n-1) or a list; None: the grid's,
+                                               # else the notebook's default seed
     executor: Executor | None = None,  # any concurrent.futures.Executor, e.g. distributed.Client(...).get_executor()
-    output_root: str | Path = "runs/sweep",  # a folder per run below it, named by `run_name`
+    output_root: str | Path | None = None,  # a folder per run below it, named by `run_name` (None: runs/NOTEBOOK)
     workers: int | None = None,  # processes of the default executor (None: one per CPU core)
     threads_per_run: int | None = 1,  # CPU threads of each run (OMP_NUM_THREADS, RLNB_NUM_THREADS); None: inherited
     check_params: Callable[[Mapping], None] | None = check_run_params,  # checks every run before the first starts
@@ -439,12 +470,14 @@ def run_sweep(
 ) -> list[RunResult]:
     "Run each setting x seed of `grid` once, each in its own process and folder; completed runs are skipped."
     from rlnb.experiments import run_experiment as task  # the library's, by name: a notebook's own is not picklable
-    fn, plan = "run_sweep", expand_grid(grid, seeds)
+    fn, notebook = "run_sweep", Path(notebook).resolve()
+    if not notebook.is_file(): raise FileNotFoundError(f"{fn}: `notebook` {str(notebook)!r} does not exist")
+    plan = expand_grid(grid, seeds, default_seed=_notebook_seed(notebook))
     if executor is not None and workers is not None: raise ValueError(f"{fn}: pass `workers` or `executor`, not both")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"{fn}: `workers` must be an int >= 1 or None, got {workers!r}")
     env, cwd = _run_env(threads_per_run), os.getcwd()
-    notebook, root = Path(notebook).resolve(), Path(output_root).resolve()
+    root = Path(_default_root(notebook) if output_root is None else output_root).resolve()
     results, todo = {}, {}
     for run_id, params in plan.items():  # every check before the first kernel starts
         _check_request(f"{fn}: run {run_id}", notebook, params, check_params)
@@ -458,7 +491,8 @@ def run_sweep(
             _check_folder(f"{fn}: run {run_id}", out, _read_status(out))
             todo[run_id] = params
     say = log_fn or (lambda line: None)
-    for k, result in enumerate(results.values(), 1): say(_progress_line(k, len(plan), result))
+    shown = _varying(plan)  # what tells the runs apart, in the progress lines
+    for k, result in enumerate(results.values(), 1): say(_progress_line(k, len(plan), result, shown))
     if todo:
         pool = _default_executor(workers, len(todo)) if executor is None else executor
         try:  # arguments by position: some executors (Dask's) take keywords of their own
@@ -472,7 +506,7 @@ def run_sweep(
                     result = _result(root / run_id, busy, skipped=True)
                 except Exception as e: result = _record_lost(root / run_id, todo[run_id], e)
                 results[run_id] = result
-                say(_progress_line(len(results), len(plan), result))
+                say(_progress_line(len(results), len(plan), result, shown))
         except BaseException:  # interrupted (Ctrl-C) or failed: our own processes stop with the sweep
             if executor is None: pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -485,6 +519,11 @@ class Sweep(NamedTuple):
     runs: "pd.DataFrame"  # a row per run: run_id, the parameters, status, seconds, the summary's figures, error
     metrics: "pd.DataFrame"  # a row per logged record: run_id, the run's parameters, then the metrics.jsonl columns
     params: list  # the names of the parameter columns (seed included)
+
+
+def _matches(params: Mapping, where: Mapping) -> bool:
+    "Whether a run's parameters have every value `where` asks for (a list: any of its values)."
+    return all(k in params and params[k] in (v if isinstance(v, (list, tuple)) else [v]) for k, v in where.items())
 
 
 def _cell(value):
@@ -503,17 +542,20 @@ def _run_row(folder: Path, status: dict) -> dict:
 # %% ../nbs/17_experiments.ipynb #51df7d78
 def load_sweep(
     output_root: str | Path,  # the folder run_sweep wrote, a subfolder per run
+    where: Mapping | None = None,  # only the runs whose parameters have these values, {name: value or [values]}
 ) -> Sweep:
     "The sweep's runs (a row each, ordered by parameters) and all their logged metrics (a row per record)."
     import pandas as pd
     root = Path(output_root)
     if not root.is_dir(): raise ValueError(f"load_sweep: `output_root` {str(root)!r} is not a folder")
+    if where is not None and not isinstance(where, Mapping):
+        raise TypeError(f"load_sweep: `where` must be a dict {{name: value or [values]}}, got {type(where).__name__}")
     rows, names = [], []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         try: status = _read_status(folder)
         except ValueError as e:
             warnings.warn(f"load_sweep: skipped {folder.name}: {e}"); continue
-        if status is None: continue  # not a run folder
+        if status is None or not _matches(status.get("params", {}), where or {}): continue  # not a run, or not asked
         reason = _incomplete(folder, status) if status["status"] == "completed" else None
         if reason: status = {**status, "status": "incomplete", "error": f"marked completed, but {reason}"}
         rows.append(_run_row(folder, status))

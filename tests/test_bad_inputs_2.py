@@ -4,6 +4,7 @@ Like tests/test_bad_inputs.py: each case is one bad input that must raise an exc
 names the hook, the argument or the file."""
 import copy, functools, json, os, subprocess, sys, time
 
+import nbformat
 import pytest
 import torch
 
@@ -133,9 +134,17 @@ def _status_of_wrong_types(t):
     from rlnb.experiments import run_experiment
     (t / "run").mkdir()
     (t / "run" / "status.json").write_text(json.dumps({"status": "failed", "params": [1], "attempt": "x"}))
-    nb = t / "x.ipynb"; nb.write_text("{}")
+    nb = t / "x.ipynb"; nbformat.write(nbformat.v4.new_notebook(), nb)
     return run_experiment(nb, {}, t / "run", check_params=None)
 case("files/status.json of the wrong types", ValueError, ["{tmp}/run/status.json", "not written by rlnb"], _status_of_wrong_types)
+
+
+def _notebook_that_is_not_one(t):
+    from rlnb.experiments import run_experiment
+    nb = t / "x.ipynb"; nb.write_text("{}")
+    return run_experiment(nb, {}, t / "run", check_params=None)
+case("files/a notebook that is not one", ValueError, ["{tmp}/x.ipynb", "is not a papermill notebook"],
+     _notebook_that_is_not_one)
 
 
 def _checkpoint_through_a_link(t):

@@ -87,14 +87,19 @@ def test_a_kernel_that_dies_before_starting_is_started_again_and_a_notebook_erro
 
 def test_grid_expansion_and_run_names():
     plan = expand_grid({"learning_rate": [1e-3, 3e-3], "beta": [0.0, 0.04], "num_iterations": 30}, seeds=2)
-    assert len(plan) == 8 and list(plan)[:3] == ["learning_rate=0.001,beta=0.0,seed=0", "learning_rate=0.001,beta=0.0,seed=1",
-                                                 "learning_rate=0.001,beta=0.04,seed=0"]
-    assert all(p["num_iterations"] == 30 for p in plan.values())  # fixed: in every run, not in the names
-    assert plan["learning_rate=0.003,beta=0.04,seed=1"] == {"learning_rate": 3e-3, "beta": 0.04, "num_iterations": 30, "seed": 1}
+    assert len(plan) == 8 and list(plan)[:3] == ["beta=0.0,learning_rate=0.001,num_iterations=30,seed=0",
+                                                 "beta=0.0,learning_rate=0.001,num_iterations=30,seed=1",
+                                                 "beta=0.04,learning_rate=0.001,num_iterations=30,seed=0"]
+    assert all(p["num_iterations"] == 30 for p in plan.values())  # fixed: in every run and in every name
+    assert plan["beta=0.04,learning_rate=0.003,num_iterations=30,seed=1"] == \
+        {"learning_rate": 3e-3, "beta": 0.04, "num_iterations": 30, "seed": 1}
     assert list(expand_grid([{"task": "addition"}, {"task": "reverse", "lora_r": 0}], seeds=[3])) == \
-        ["task=addition,seed=3", "task=reverse,lora_r=0,seed=3"]
+        ["task=addition,seed=3", "lora_r=0,task=reverse,seed=3"]
     assert list(expand_grid({"seed": [5, 6]})) == ["seed=5", "seed=6"]
-    assert list(expand_grid({})) == ["seed=0"]
+    assert list(expand_grid({})) == ["defaults"] and list(expand_grid({}, default_seed=0)) == ["seed=0"]
+    # one scheme: a run's name does not depend on the order its parameters were given in, nor on how it was started
+    assert run_name({"seed": 2, "b": 1, "a": 0}) == run_name({"a": 0, "b": 1, "seed": 2}) == "a=0,b=1,seed=2"
+    assert list(expand_grid({"b": [1], "a": 0}, seeds=[2])) == [run_name({"a": 0, "b": 1, "seed": 2})]
     odd = run_name({"model": "org/model", "seed": 0})
     assert odd == run_name({"model": "org/model", "seed": 0}) != run_name({"model": "org-model", "seed": 0})
     assert "/" not in odd
@@ -118,7 +123,7 @@ def dask_sweep(tmp_path_factory):
 
 def test_sweep_of_the_training_notebook_on_dask(dask_sweep):
     root, results, lines, worker_pids = dask_sweep
-    assert [r.run_id for r in results] == ["learning_rate=0.001,seed=0", "learning_rate=0.004,seed=0"]
+    assert [r.run_id for r in results] == [run_name({"learning_rate": lr, **TINY, "seed": 0}) for lr in (1e-3, 4e-3)]
     assert [r.status for r in results] == ["completed", "completed"], [r.error for r in results]
     pids = {json.loads((r.output_dir / STATUS_FILE).read_text())["pid"] for r in results}
     assert pids <= worker_pids and os.getpid() not in pids, "the runs did not run in the Dask workers"
@@ -126,13 +131,15 @@ def test_sweep_of_the_training_notebook_on_dask(dask_sweep):
         assert {"metrics.jsonl", "reward_curve.png", "run.ipynb", "status.json", "summary.json"} <= {p.name for p in r.output_dir.iterdir()}
         assert r.summary["steps"] == 4 and r.summary["params"]["learning_rate"] == r.params["learning_rate"]
         assert r.output_dir == root / r.run_id and r.seconds > 0
-    assert len(lines) == 2 and all(re.fullmatch(r"\[[12]/2\] learning_rate=0\.00[14] seed=0 ok \d+ s  reward \d\.\d\d->\d\.\d\d  acc \d\.\d\d->\d\.\d\d", l)
+    assert len(lines) == 2 and all(re.fullmatch(r"\[[12]/2\] learning_rate=0\.00[14] ok \d+ s  reward \d\.\d\d->\d\.\d\d  acc \d\.\d\d->\d\.\d\d", l)
                                    for l in lines), lines
     # the same sweep again: nothing to run, so nothing may be submitted
     again = run_sweep(TRAINING_NB, {"learning_rate": [1e-3, 4e-3], **TINY}, executor=NoKernelExecutor(), output_root=root, log_fn=None)
     assert all(r.skipped and r.status == "completed" for r in again)
-    with pytest.raises(ValueError, match="holds a completed run with other parameters"):  # a fixed value changed under it
+    with pytest.raises(AssertionError, match="a run was submitted"):  # a fixed value changed: another run, not a reuse
         run_sweep(TRAINING_NB, {"learning_rate": [1e-3], **TINY, "num_iterations": 5}, executor=NoKernelExecutor(), output_root=root)
+    with pytest.raises(ValueError, match="holds a completed run with other parameters"):  # a folder is one run's
+        run_experiment(TRAINING_NB, {"learning_rate": 4e-3, **TINY}, results[0].output_dir)
 
 
 def test_load_sweep_tables(dask_sweep):
@@ -172,7 +179,7 @@ def test_plot_sweep_draws_one_line_per_setting(dask_sweep):
 def test_failed_run_is_recorded_others_finish_and_a_rerun_retries_it(tmp_path):
     notebook, root = write_toy(tmp_path / "toy.ipynb", bug=True), tmp_path / "sweep"
     grid = {"learning_rate": [1e-3, 3e-3], "num_iterations": 10}
-    killed = root / "learning_rate=0.001,seed=1"  # a run killed earlier: status "running", a partial file
+    killed = root / "learning_rate=0.001,num_iterations=10,seed=1"  # a run killed earlier: status "running", a partial file
     killed.mkdir(parents=True); (killed / STATUS_FILE).write_text('{"status": "running", "attempt": 1}'); (killed / "metrics.jsonl").write_text("{")
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))  # any executor; one for both sweeps
     first = run_sweep(notebook, grid, seeds=2, executor=pool, output_root=root, log_fn=None)
@@ -227,10 +234,12 @@ def test_command_line_run_and_sweep(tmp_path, monkeypatch, capsys):
     assert sweep.returncode == 1, sweep.stderr  # a run failed
     out = sweep.stdout.splitlines()
     assert len(out) == 3 and sorted(l[:5] for l in out[:2]) == ["[1/2]", "[2/2]"], out
-    assert re.search(r"\] learning_rate=0\.001 seed=0 ok \d+ s  reward ", "\n".join(out[:2]))
-    assert re.search(r"\] learning_rate=0\.003 seed=0 FAILED \d+ s  FloatingPointError: loss is nan  \(", "\n".join(out[:2]))
-    assert out[2] == "1 of 2 runs completed in sweep; failed: learning_rate=0.003,seed=0 (the same command again retries them)"
-    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["learning_rate=0.001,seed=0", "learning_rate=0.003,seed=0"]
+    assert re.search(r"\] learning_rate=0\.001 ok \d+ s  reward ", "\n".join(out[:2]))
+    assert re.search(r"\] learning_rate=0\.003 FAILED \d+ s  FloatingPointError: loss is nan  \(", "\n".join(out[:2]))
+    assert out[2] == (f"1 of 2 runs completed in {(tmp_path / 'sweep').resolve()}; failed: learning_rate=0.003,num_iterations=5,seed=0 "
+                      "(the same command again retries them)")
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == \
+        ["learning_rate=0.001,num_iterations=5,seed=0", "learning_rate=0.003,num_iterations=5,seed=0"]
     monkeypatch.chdir(tmp_path)  # bad arguments, in this process (the same `main` the command calls): exit status 2, nothing run
     for argv, message in [(["sweep", str(notebook), "-p", "lerning_rate", "1e-3"], "did you mean 'learning_rate'"),
                           (["run", str(notebook), "-p", "learning_rate", "1e-3", "3e-3"], "takes one value per parameter"),
@@ -287,7 +296,7 @@ def test_killing_the_sweep_driver_kills_its_runs_and_the_same_sweep_finishes_the
     driver_code = (f"from rlnb.experiments import run_sweep\n"
                    f"run_sweep({str(notebook)!r}, {grid!r}, seeds=2, output_root={str(root)!r}, workers=2, check_params=None)")
     driver = subprocess.Popen([sys.executable, "-c", driver_code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = [root / f"seed={s}" / "metrics.jsonl" for s in (0, 1)]
+    metrics = [root / run_name({**grid, "seed": s}) / "metrics.jsonl" for s in (0, 1)]
     deadline = time.time() + 120
     while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):  # both kernels are training
         assert time.time() < deadline and driver.poll() is None, "the runs never started"
