@@ -15,8 +15,8 @@ try: import fcntl  # POSIX file locks
 except ImportError: fcntl = None  # Windows: folder_lock only records its holder
 
 # %% auto #0
-__all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'load_from_folder', 'FolderInUseError', 'lock_holder',
-           'folder_lock', 'die_with_parent']
+__all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'quiet_progress_bars', 'load_from_folder', 'FolderInUseError',
+           'lock_holder', 'folder_lock', 'die_with_parent']
 
 # %% ../nbs/00b_cache.ipynb #8bc44f7e
 def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -54,13 +54,28 @@ def _damaged_file_error(e: BaseException) -> bool:
     return type(e).__name__ in ("SafetensorError", "UnpicklingError")
 
 
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    "Transformers' progress bars off while the block runs, then as they were (a no-op without transformers)."
+    try: from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try: yield
+    finally:
+        if was_on: hf_logging.enable_progress_bar()
+
+
 def load_from_folder(
     load: Callable[[], Any],  # loads from `folder`, e.g. lambda: AutoModelForCausalLM.from_pretrained(folder)
     folder: str | os.PathLike,  # the local folder it reads
     what: str = "the model",  # what is loaded, for the message
 ) -> Any:
-    "`load()`, with a damaged-file failure reported as a ValueError naming `folder` and its weight files."
-    try: return load()
+    "`load()`, quietly, with a damaged-file failure reported as a ValueError naming `folder` and its weight files."
+    try:
+        with quiet_progress_bars(): return load()
     except Exception as e:
         folder = Path(folder)
         if not folder.is_dir() or not _damaged_file_error(e): raise  # a hub id, or not a file's fault
