@@ -23,7 +23,7 @@ def status_mib(key: str) -> float:
 
 
 def reset_peak_rss() -> bool:
-    "Reset the kernel's peak-RSS mark (VmHWM) to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); False where not allowed."
+    "Reset peak RSS (VmHWM) to current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); False if not allowed."
     try:
         with open("/proc/self/clear_refs", "w") as f: f.write("5")
         return True

@@ -11,8 +11,8 @@ processes (so each has its own peak), the peak memory of rlnb with no reference 
 
     python benchmarks/grpo_vs_trl.py                       # 3 seeds x 30 steps of 8 prompts x 8, 8 new tokens (~5 min)
     python benchmarks/grpo_vs_trl.py --steps 10 --seeds 0 --skip-memory   # a quick look
-    python benchmarks/grpo_vs_trl.py --algorithm dapo --skip-memory --plot ""  # rlnb's DAPO vs GRPOTrainer(loss_type="dapo")
-    python benchmarks/grpo_vs_trl.py --algorithm rloo --skip-memory --plot ""  # rlnb's RLOO vs RLOOTrainer
+    python benchmarks/grpo_vs_trl.py --algorithm dapo --skip-memory --plot ""  # DAPO vs GRPOTrainer(loss_type="dapo")
+    python benchmarks/grpo_vs_trl.py --algorithm rloo --skip-memory --plot ""  # RLOO vs RLOOTrainer
     python benchmarks/grpo_vs_trl.py --model smollm2 --prompts 4 --group 8 --max-new-tokens 16 --lr 2e-4 \
         --temperature 0.7 --steps 8 --seeds 0 --skip-memory --eval-size 32 --plot benchmarks/grpo_vs_trl_smollm2.png
 
@@ -23,14 +23,15 @@ probes are tiny-model only (skipped with a note for smollm2). Each step also rec
 that step (VmHWM reset just before it): both sides' models are resident throughout, so it is the process's peak while
 that side steps, and its growth over the RSS just before the step is the side's own transient memory.
 
-`--algorithm` picks the pair (ALGORITHM_PAIRS below): grpo (default) = rlnb's `grpo` vs `GRPOTrainer`; dapo = rlnb's `dapo`
-(decoupled clip 0.2 / 0.28, token-level loss, beta 0) vs `GRPOTrainer(loss_type="dapo", epsilon_high=0.28, beta=0)`, with
-rlnb's dynamic sampling and overlong penalty OFF, because TRL has neither; rloo = rlnb's `rloo` (leave-one-out baseline)
-vs TRL's `RLOOTrainer` (beta 0, no advantage normalisation), with rlnb's loss summed over each completion's tokens as
-RLOOTrainer's is (its sequence log-ratio is the sum of the token log-ratios; at one update per batch the ratio is 1 and
-the two gradients are equal).
+`--algorithm` picks the pair (ALGORITHM_PAIRS below): grpo (default) = rlnb's `grpo` vs `GRPOTrainer`; dapo = rlnb's
+`dapo` (decoupled clip 0.2 / 0.28, token-level loss, beta 0) vs `GRPOTrainer(loss_type="dapo", epsilon_high=0.28,
+beta=0)`, with rlnb's dynamic sampling and overlong penalty OFF, because TRL has neither; rloo = rlnb's `rloo`
+(leave-one-out baseline) vs TRL's `RLOOTrainer` (beta 0, no advantage normalisation), with rlnb's loss summed over each
+completion's tokens as RLOOTrainer's is (its sequence log-ratio is the sum of the token log-ratios; at one update per
+batch the ratio is 1 and the two gradients are equal).
 
-TRL is installed only for benchmarks (`pip install trl`); rlnb itself does not depend on it. Results: benchmarks/README.md.
+TRL is installed only for benchmarks (`pip install trl`); rlnb itself does not depend on it.
+Results: benchmarks/README.md.
 """
 from __future__ import annotations
 import argparse, gc, importlib.util, json, os, platform, resource, subprocess, sys, tempfile, time
@@ -38,7 +39,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("rlnb") is None: sys.path.insert(0, str(HERE.parent))  # a checkout, not installed
-from _common import reset_peak_rss, setup_torch, status_mib  # noqa: E402  (this folder is on sys.path when run as a script)
+# (this folder is on sys.path when run as a script)
+from _common import reset_peak_rss, setup_torch, status_mib  # noqa: E402
 LOSS_TYPES = {"grpo": "sequence_mean", "dapo": "token_mean", "dr_grpo": "constant"}  # TRL loss_type -> rlnb aggregation
 
 
@@ -54,8 +56,9 @@ ALGORITHM_PAIRS = {
     "grpo": dict(rlnb="grpo", trl="GRPOTrainer", trl_config={}, rlnb_config={}),
     "dapo": dict(rlnb="dapo", trl="GRPOTrainer", trl_config=dict(loss_type="dapo", epsilon_high=0.28),
                  rlnb_config=dict(clip_eps_high=0.28)),  # + scale_rewards / scale from --scale-rewards on both sides
+    # beta > 0 differs: RLOOTrainer subtracts the KL from the reward
     "rloo": dict(rlnb="rloo", trl="RLOOTrainer", trl_config=dict(normalize_advantages=False),
-                 rlnb_config=dict(aggregation=sequence_sum)),  # beta > 0 differs: RLOOTrainer subtracts the KL from the reward
+                 rlnb_config=dict(aggregation=sequence_sum)),
 }
 
 
@@ -71,27 +74,36 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=8, help="completion budget (TRL's max_completion_length)")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (constant, no warm-up)")
     p.add_argument("--lora-r", type=int, default=8, help="LoRA rank; alpha = 2 r, dropout 0, all linear projections")
-    p.add_argument("--beta", type=float, default=0.0, help="KL weight for the speed/reward comparison (0 = no reference pass on either side)")
+    p.add_argument("--beta", type=float, default=0.0,
+                   help="KL weight for the speed/reward comparison (0 = no reference pass on either side)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--algorithm", default="grpo", choices=sorted(ALGORITHM_PAIRS),
-                   help="grpo: GRPO vs GRPOTrainer; dapo: rlnb's dapo (no dynamic sampling, no overlong penalty) vs GRPOTrainer(loss_type='dapo'); "
+                   help="grpo: GRPO vs GRPOTrainer; dapo: rlnb's dapo (no dynamic sampling, no overlong penalty) "
+                        "vs GRPOTrainer(loss_type='dapo'); "
                         "rloo: rlnb's rloo vs RLOOTrainer (beta 0 on both)")
-    p.add_argument("--loss-type", default="grpo", choices=sorted(LOSS_TYPES), help="--algorithm grpo: TRL loss_type; rlnb uses the matching aggregation")
-    p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"], help="advantage std scaling (both sides)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; each seeds the LoRA init, the sampling and the prompt stream")
+    p.add_argument("--loss-type", default="grpo", choices=sorted(LOSS_TYPES),
+                   help="--algorithm grpo: TRL loss_type; rlnb uses the matching aggregation")
+    p.add_argument("--scale-rewards", default="group", choices=["group", "batch", "none"],
+                   help="advantage std scaling (both sides)")
+    p.add_argument("--seeds", default="0,1,2",
+                   help="comma-separated seeds; each seeds the LoRA init, the sampling and the prompt stream")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads (both sides); 1 by default: on a CPU shared with other work, 2 OpenMP threads "
-                        "made each forward ~10x slower on the 2-core machine this was written on")
-    p.add_argument("--eval-size", type=int, default=128, help="held-out prompts for greedy accuracy after training (0 = skip)")
+                   help="torch intra-op threads (both sides); 1 by default: on a CPU shared with other work, "
+                        "2 OpenMP threads made each forward ~10x slower on the 2-core machine this was written on")
+    p.add_argument("--eval-size", type=int, default=128,
+                   help="held-out prompts for greedy accuracy after training (0 = skip)")
     p.add_argument("--mode", default="interleaved", choices=["interleaved", "sequential"],
-                   help="interleaved: one rlnb step between TRL's steps (same machine load for both); sequential: one run after the other")
+                   help="interleaved: one rlnb step between TRL's steps (same machine load for both); "
+                        "sequential: one run after the other")
     p.add_argument("--order", default="trl,rlnb", help="sequential mode: which side runs first (comma-separated)")
     p.add_argument("--skip-memory", action="store_true", help="skip the peak-memory probes")
     p.add_argument("--memory-beta", type=float, default=0.04, help="beta used by the memory probes with a reference")
     p.add_argument("--memory-steps", type=int, default=3, help="rlnb steps per memory probe")
     p.add_argument("--memory-model", default="both", choices=["tiny", "wide", "both"],
-                   help="probe the SFT tiny model, a randomly initialised wider one (~25M params, so a copy is visible), or both")
-    p.add_argument("--wide-batch", default="2x4", help="prompts x group for the wide model's probes (small, so weights dominate)")
+                   help="probe the SFT tiny model, a randomly initialised wider one "
+                        "(~25M params, so a copy is visible), or both")
+    p.add_argument("--wide-batch", default="2x4",
+                   help="prompts x group for the wide model's probes (small, so weights dominate)")
     p.add_argument("--plot", default=str(HERE / "grpo_vs_trl.png"), help="PNG of the reward curves ('' = none)")
     p.add_argument("--json", default="", help="write every measurement to this JSON file ('' = none)")
     p.add_argument("--target", type=float, default=0.35, help="speed target: rlnb's seconds per step / TRL's (issue 9)")
@@ -225,21 +237,24 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     pair = ALGORITHM_PAIRS[args.algorithm]
     # dynamic_sampling / overlong_buffer: TRL has neither, so they are off (they act in `train`'s rollout_fn, which this
     # script does not use: its rollout_fn below is the plain one; set here so the recorded config says so)
-    tcfg = TrainingConfig(num_iterations=args.steps, prompts_per_step=args.prompts, group_size=args.group, learning_rate=args.lr,
-                          max_grad_norm=1.0, updates_per_batch=1, micro_batch_size=B, seed=seed, eval_every=0, beta=beta,
-                          temperature=args.temperature, max_new_tokens=args.max_new_tokens, lora_r=args.lora_r, algorithm=pair["rlnb"],
+    tcfg = TrainingConfig(num_iterations=args.steps, prompts_per_step=args.prompts, group_size=args.group,
+                          learning_rate=args.lr, max_grad_norm=1.0, updates_per_batch=1, micro_batch_size=B,
+                          seed=seed, eval_every=0, beta=beta, temperature=args.temperature,
+                          max_new_tokens=args.max_new_tokens, lora_r=args.lora_r, algorithm=pair["rlnb"],
                           dynamic_sampling=False, overlong_buffer=0)
     if args.algorithm == "grpo":
-        algo = create_algorithm_config("grpo", beta=beta, clip_eps=0.2, scale=args.scale_rewards, aggregation=LOSS_TYPES[args.loss_type],
-                                       max_completion_length=args.max_new_tokens if args.loss_type == "dr_grpo" else None)
+        algo = create_algorithm_config(
+            "grpo", beta=beta, clip_eps=0.2, scale=args.scale_rewards, aggregation=LOSS_TYPES[args.loss_type],
+            max_completion_length=args.max_new_tokens if args.loss_type == "dr_grpo" else None)
     else:
         extra = dict(scale=args.scale_rewards) if args.algorithm == "dapo" else {}
         algo = create_algorithm_config(pair["rlnb"], {**pair["rlnb_config"], **extra}, beta=beta, clip_eps=0.2)
-    rollout_fn = create_rollout_fn(task.reward_fn, system_prompt=task.system_prompt)  # top_p 1, top_k off: plain sampling
+    # top_p 1, top_k off: plain sampling
+    rollout_fn = create_rollout_fn(task.reward_fn, system_prompt=task.system_prompt)
     state = TrainingState(0, 0, model, optimizer, scheduler, ref_model=ref, metadata={"config": tcfg})
-    return dict(side="rlnb", state=state, tok=tok, task=task, rollout_fn=rollout_fn, algo=algo, tcfg=tcfg, ref=ref, ref_kind=ref_kind,
-                targets=targets, rss_before_ref_mb=rss_before_ref, peak_reset=peak_reset, step_s=[], cpu_s=[],
-                rewards=[], kl=[], rollout_s=[], track_rss=args.probe is None, step_rss=[])
+    return dict(side="rlnb", state=state, tok=tok, task=task, rollout_fn=rollout_fn, algo=algo, tcfg=tcfg, ref=ref,
+                ref_kind=ref_kind, targets=targets, rss_before_ref_mb=rss_before_ref, peak_reset=peak_reset,
+                step_s=[], cpu_s=[], rewards=[], kl=[], rollout_s=[], track_rss=args.probe is None, step_rss=[])
 
 
 def rss_mark(track: bool) -> float | None:
@@ -263,13 +278,15 @@ def rlnb_step(ctx: dict, prompts) -> None:
     if rss is not None: ctx["step_rss"].append(rss_read(rss))
     m = stats.custom_metrics or {}
     ctx["state"] = state
-    ctx["rewards"].append(m.get("reward/mean")); ctx["kl"].append(m.get("kl/mean")); ctx["rollout_s"].append(m.get("time/rollout_s"))
+    ctx["rewards"].append(m.get("reward/mean"))
+    ctx["kl"].append(m.get("kl/mean"))
+    ctx["rollout_s"].append(m.get("time/rollout_s"))
 
 
 def finish_rlnb(ctx: dict) -> dict:
     model = ctx["state"].model
-    return dict(side="rlnb", step_s=ctx["step_s"], cpu_s=ctx["cpu_s"], rewards=ctx["rewards"], kl=ctx["kl"], rollout_s=ctx["rollout_s"],
-                step_rss=ctx["step_rss"],
+    return dict(side="rlnb", step_s=ctx["step_s"], cpu_s=ctx["cpu_s"], rewards=ctx["rewards"], kl=ctx["kl"],
+                rollout_s=ctx["rollout_s"], step_rss=ctx["step_rss"],
                 trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad), targets=ctx["targets"],
                 ref_kind=ctx["ref_kind"], model=model, tok=ctx["tok"])
 
@@ -324,7 +341,8 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
         adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, optim="adamw_torch", epsilon=0.2,
         num_iterations=1, mask_truncated_completions=False, **algo_kw,
         shuffle_dataset=False, gradient_checkpointing=False, disable_dropout=True, logging_steps=1, report_to="none",
-        save_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0, remove_unused_columns=False)
+        save_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
+        remove_unused_columns=False)
     peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules=targets,
                              bias="none", task_type="CAUSAL_LM")
     timer = Timer()
@@ -333,15 +351,20 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
                           peft_config=peft_config, callbacks=[timer])
     trainer.remove_callback(PrinterCallback)  # no per-step print (disable_tqdm adds it); keeps TRL's overhead down
     rollout_s, generate_and_score = [], trainer._generate_and_score_completions
-    def timed_generate_and_score(*a, **kw):  # the same phase as rlnb's `time/rollout_s`: sample, reward, (reference log-probs)
-        t = time.perf_counter(); out = generate_and_score(*a, **kw); rollout_s.append(time.perf_counter() - t); return out
+    # the same phase as rlnb's `time/rollout_s`: sample, reward, (reference log-probs)
+    def timed_generate_and_score(*a, **kw):
+        t = time.perf_counter()
+        out = generate_and_score(*a, **kw)
+        rollout_s.append(time.perf_counter() - t)
+        return out
     trainer._generate_and_score_completions = timed_generate_and_score
     torch.set_num_threads(args.threads)  # in case anything reset it
     setup_s = time.perf_counter() - t0
     trainer.train()
     policy = trainer.model
-    return dict(side="trl", setup_s=setup_s, step_s=timer.step_s, cpu_s=timer.cpu_s, rewards=[l["reward"] for l in timer.logs],
-                kl=[l.get("kl") for l in timer.logs], rollout_s=rollout_s, step_rss=timer.step_rss,
+    return dict(side="trl", setup_s=setup_s, step_s=timer.step_s, cpu_s=timer.cpu_s,
+                rewards=[l["reward"] for l in timer.logs], kl=[l.get("kl") for l in timer.logs],
+                rollout_s=rollout_s, step_rss=timer.step_rss,
                 trainable_params=sum(p.numel() for p in policy.parameters() if p.requires_grad),
                 targets=targets, model=policy, tok=tok)
 
@@ -373,7 +396,7 @@ def run_pair(args, task, seed: int, eval_examples) -> dict:
 
 # --------------------------------------------------------------------------------------------------------------- memory
 def storage_bytes(*modules) -> int:
-    "Bytes of the distinct tensor storages behind the parameters and buffers of `modules` (shared storage counted once)."
+    "Bytes of the distinct tensor storages behind `modules`' parameters and buffers (shared storage counted once)."
     seen, total = set(), 0
     for m in modules:
         if m is None: continue
@@ -387,7 +410,8 @@ def storage_bytes(*modules) -> int:
 def wide_model(tok):
     "A randomly initialised ~25M-parameter model with the tiny tokenizer: big enough that a copy shows in the RSS."
     from rlnb.tiny import build_tiny_model
-    return build_tiny_model(tok, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536).train()
+    return build_tiny_model(tok, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                            intermediate_size=1536).train()
 
 
 def memory_probe(args, spec: str) -> dict:
@@ -407,7 +431,8 @@ def memory_probe(args, spec: str) -> dict:
     policy, ref = ctx["state"].model, ctx["ref"]
     ref_module = getattr(ref, "model", ref)
     return dict(model=which, ref_kind=kind, beta=beta, base_params=base_params, ref_is_policy=ref_module is policy,
-                ref_type=type(ref).__name__, policy_bytes=storage_bytes(policy), policy_plus_ref_bytes=storage_bytes(policy, ref_module),
+                ref_type=type(ref).__name__, policy_bytes=storage_bytes(policy),
+                policy_plus_ref_bytes=storage_bytes(policy, ref_module),
                 rss_before_ref_mb=ctx["rss_before_ref_mb"], peak_rss_mb=peak_rss_mb(), peak_reset=ctx["peak_reset"],
                 step_s=ctx["step_s"], kl=ctx["kl"][-1])
 
@@ -418,11 +443,13 @@ def run_memory_probes(args) -> list[dict]:
     for which in models:
         for kind in ("none", "lora", "copy"):
             prompts, group = map(int, args.wide_batch.split("x")) if which == "wide" else (args.prompts, args.group)
-            cmd = [sys.executable, __file__, "--probe", f"{which}:{kind}", "--task", args.task, "--prompts", str(prompts),
-                   "--group", str(group), "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr),
+            cmd = [sys.executable, __file__, "--probe", f"{which}:{kind}", "--task", args.task,
+                   "--prompts", str(prompts), "--group", str(group), "--max-new-tokens", str(args.max_new_tokens),
+                   "--lr", str(args.lr),
                    "--lora-r", str(args.lora_r), "--seeds", args.seeds, "--threads", str(args.threads),
                    "--memory-beta", str(args.memory_beta), "--memory-steps", str(args.memory_steps),
-                   "--steps", str(max(args.memory_steps, 1)), "--loss-type", args.loss_type, "--algorithm", args.algorithm]
+                   "--steps", str(max(args.memory_steps, 1)), "--loss-type", args.loss_type,
+                   "--algorithm", args.algorithm]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             line = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
             if proc.returncode or not line:
@@ -431,8 +458,9 @@ def run_memory_probes(args) -> list[dict]:
             out.append(json.loads(line[-1][6:]))
             r = out[-1]
             print(f"  probe {which:4s} ({prompts}x{group}) ref={kind:4s}: peak RSS {r['peak_rss_mb']:7.1f} MB "
-                  f"({r['peak_rss_mb'] - r['rss_before_ref_mb']:+6.1f} over the RSS before the reference), weights+ref storage "
-                  f"{r['policy_plus_ref_bytes'] / 2**20:6.1f} MB (policy {r['policy_bytes'] / 2**20:.1f} MB), ref is policy: {r['ref_is_policy']}")
+                  f"({r['peak_rss_mb'] - r['rss_before_ref_mb']:+6.1f} over the RSS before the reference), "
+                  f"weights+ref storage {r['policy_plus_ref_bytes'] / 2**20:6.1f} MB "
+                  f"(policy {r['policy_bytes'] / 2**20:.1f} MB), ref is policy: {r['ref_is_policy']}")
     return out
 
 
@@ -451,14 +479,15 @@ def std(xs):
 
 
 def summarize(run: dict, k: int = 5) -> dict:
-    "One run's numbers: mean step time over steps 2..N (step 1 includes one-off warm-up), rewards at the start and the end."
+    "One run's numbers: mean step time over steps 2..N (step 1 includes one-off warm-up), rewards at start and end."
     steady, cpu = run["step_s"][1:] or run["step_s"], run["cpu_s"][1:] or run["cpu_s"]
     rss = [r for r in (run.get("step_rss") or [])[1:] if r is not None]  # step 1 also pages in mmapped weights
     mem = dict(step_peak_rss_mb=max(p for p, _ in rss), step_rss_growth_mb=max(p - b for p, b in rss)) if rss else {}
     return dict(**mem,
                 s_per_step=mean(steady), s_per_step_median=median(steady), cpu_s_per_step=mean(cpu),
                 first_step_s=run["step_s"][0],
-                reward_start=mean(run["rewards"][:k]), reward_end=mean(run["rewards"][-k:]), reward_mean=mean(run["rewards"]),
+                reward_start=mean(run["rewards"][:k]), reward_end=mean(run["rewards"][-k:]),
+                reward_mean=mean(run["rewards"]),
                 accuracy=run.get("accuracy"), greedy_form=run.get("greedy_form"),
                 rollout_s_per_step=mean(run["rollout_s"][1:]),
                 update_s_per_step=mean([a - b for a, b in zip(run["step_s"][1:], run["rollout_s"][1:])]))
@@ -476,19 +505,23 @@ def plot(all_runs: list[dict], args, path: str):
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
     colors = {"rlnb": "tab:blue", "trl": "tab:orange"}
-    for side, label in (("rlnb", f"rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']}"), ("trl", f"TRL {ALGORITHM_PAIRS[args.algorithm]['trl']}")):
+    for side, label in (("rlnb", f"rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']}"),
+                        ("trl", f"TRL {ALGORITHM_PAIRS[args.algorithm]['trl']}")):
         curves = [runs[side]["rewards"] for runs in all_runs]
         times = [runs[side]["step_s"] for runs in all_runs]
         n = min(len(c) for c in curves)
         steps = list(range(1, n + 1))
         for c in curves: ax.plot(steps, c[:n], color=colors[side], alpha=0.25, lw=1)
-        ax.plot(steps, [mean([c[i] for c in curves]) for i in range(n)], color=colors[side], lw=2.5, label=f"{label} (mean of {len(curves)} seeds)")
-        bx.plot(steps, [mean([t[i] for t in times]) for i in range(n)], color=colors[side], lw=2, marker="o", ms=3, label=label)
+        ax.plot(steps, [mean([c[i] for c in curves]) for i in range(n)], color=colors[side], lw=2.5,
+                label=f"{label} (mean of {len(curves)} seeds)")
+        bx.plot(steps, [mean([t[i] for t in times]) for i in range(n)], color=colors[side], lw=2, marker="o", ms=3,
+                label=label)
     model = "" if args.model == "tiny" else f"{args.model}, "
     ylabel = "mean reward (fraction correct)" if args.model == "tiny" else "mean reward ((correct + 0.5 form) / 1.5)"
     ax.set(title=f"Mean sampled reward per step: {model}{args.task}, {args.prompts} prompts x {args.group}, "
                  f"LoRA r={args.lora_r}", xlabel="optimizer step", ylabel=ylabel, ylim=(-0.02, 1.02))
-    bx.set(title=f"Seconds per step (CPU, {args.threads} thread(s), mean over seeds)", xlabel="optimizer step", ylabel="seconds", ylim=(0, None))
+    bx.set(title=f"Seconds per step (CPU, {args.threads} thread(s), mean over seeds)", xlabel="optimizer step",
+           ylabel="seconds", ylim=(0, None))
     for a in (ax, bx): a.grid(alpha=0.3); a.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -496,10 +529,14 @@ def plot(all_runs: list[dict], args, path: str):
 
 
 def print_table(summary: dict, nseeds: int):
-    rows = [("seconds / step (mean of steps 2..N)", "s_per_step", "{:.3f}"), ("seconds / step (median)", "s_per_step_median", "{:.3f}"),
-            ("  of which sampling + scoring", "rollout_s_per_step", "{:.3f}"), ("  of which the update", "update_s_per_step", "{:.3f}"),
-            ("process CPU seconds / step", "cpu_s_per_step", "{:.3f}"), ("first step, s (warm-up)", "first_step_s", "{:.2f}"),
-            ("mean reward, first 5 steps", "reward_start", "{:.3f}"), ("mean reward, last 5 steps", "reward_end", "{:.3f}"),
+    rows = [("seconds / step (mean of steps 2..N)", "s_per_step", "{:.3f}"),
+            ("seconds / step (median)", "s_per_step_median", "{:.3f}"),
+            ("  of which sampling + scoring", "rollout_s_per_step", "{:.3f}"),
+            ("  of which the update", "update_s_per_step", "{:.3f}"),
+            ("process CPU seconds / step", "cpu_s_per_step", "{:.3f}"),
+            ("first step, s (warm-up)", "first_step_s", "{:.2f}"),
+            ("mean reward, first 5 steps", "reward_start", "{:.3f}"),
+            ("mean reward, last 5 steps", "reward_end", "{:.3f}"),
             ("mean reward, all steps", "reward_mean", "{:.3f}"),
             ("greedy accuracy after (held-out)", "accuracy", "{:.3f}"),
             ("greedy replies with the form", "greedy_form", "{:.3f}"),
@@ -507,7 +544,8 @@ def print_table(summary: dict, nseeds: int):
             ("  its growth over the RSS before, MiB", "step_rss_growth_mb", "{:.0f}")]
     r, t = summary["rlnb"], summary["trl"]
     pm = lambda v, f: f.format(v[0]) + (" ± " + f.format(v[1]) if nseeds > 1 else "")
-    print(f"\n{'(mean ± std over %d seed%s)' % (nseeds, 's' if nseeds > 1 else ''):38s} {'rlnb':>16s} {'TRL':>16s} {'rlnb/TRL':>9s}")
+    print(f"\n{'(mean ± std over %d seed%s)' % (nseeds, 's' if nseeds > 1 else ''):38s} "
+          f"{'rlnb':>16s} {'TRL':>16s} {'rlnb/TRL':>9s}")
     for label, key, f in rows:
         if key not in r or key not in t: continue
         ratio = f"{r[key][0] / t[key][0]:9.2f}" if t[key][0] else ""
@@ -530,13 +568,16 @@ def main(argv=None):
     t_load = time.perf_counter() - t_load
     shares = shares_prompts(model); del model
     load_start = os.getloadavg()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, peft {peft.__version__}; "
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
+          f"peft {peft.__version__}; "
           f"{torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, load average {load_start[0]:.1f} (1 min)")
     chat = f" (chat; system prompt {task.system_prompt!r})" if task.system_prompt else ""
     print(f"model {args.model}, task {task.name}{chat}; rlnb's shared-prompt prefill (sampling and log-probs): "
           + {True: "on", False: "OFF (its check finds no KV-cache argument in the model's forward)", None: "?"}[shares])
-    print(f"{args.steps} steps x {args.prompts} prompts x {args.group} samples, {args.max_new_tokens} new tokens, lr {args.lr}, "
-          f"LoRA r={args.lora_r} alpha={2 * args.lora_r}, beta {args.beta}, T={args.temperature}, algorithm {args.algorithm} (rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']} vs TRL "
+    print(f"{args.steps} steps x {args.prompts} prompts x {args.group} samples, "
+          f"{args.max_new_tokens} new tokens, lr {args.lr}, "
+          f"LoRA r={args.lora_r} alpha={2 * args.lora_r}, beta {args.beta}, T={args.temperature}, "
+          f"algorithm {args.algorithm} (rlnb {ALGORITHM_PAIRS[args.algorithm]['rlnb']} vs TRL "
           f"{ALGORITHM_PAIRS[args.algorithm]['trl']} {ALGORITHM_PAIRS[args.algorithm]['trl_config'] or ''})"
           + (f", loss {args.loss_type}" if args.algorithm == "grpo" else "") + f", "
           f"scale_rewards {args.scale_rewards}, seeds {seeds}, {args.mode}")
@@ -547,8 +588,10 @@ def main(argv=None):
         all_runs.append(runs)
         for side in ("rlnb", "trl"):
             s = summarize(runs[side]); per_seed[side].append(s)
-            print(f"seed {seed} {side:4s}: {s['s_per_step']:.3f} s/step (first {s['first_step_s']:.2f}), reward {s['reward_start']:.3f} "
-                  f"-> {s['reward_end']:.3f}, greedy accuracy {s['accuracy'] if s['accuracy'] is None else round(s['accuracy'], 3)}", flush=True)
+            print(f"seed {seed} {side:4s}: {s['s_per_step']:.3f} s/step (first {s['first_step_s']:.2f}), "
+                  f"reward {s['reward_start']:.3f} -> {s['reward_end']:.3f}, "
+                  f"greedy accuracy {s['accuracy'] if s['accuracy'] is None else round(s['accuracy'], 3)}",
+                  flush=True)
     elapsed = time.perf_counter() - t0
     load_end = os.getloadavg()
     summary = {side: over_seeds(v) for side, v in per_seed.items()}
@@ -558,28 +601,34 @@ def main(argv=None):
     cpu = r["cpu_s_per_step"][0] / t["cpu_s_per_step"][0]
     print(f"\nspeed: rlnb takes {speed:.2f}x TRL's seconds per step, {cpu:.2f}x its CPU seconds per step "
           f"(target <= {args.target}x: {'met' if speed <= args.target else 'NOT met'})")
-    print(f"reward: last 5 steps rlnb {r['reward_end'][0]:.3f} vs TRL {t['reward_end'][0]:.3f}; all steps {r['reward_mean'][0]:.3f} vs "
-          f"{t['reward_mean'][0]:.3f} (at least as good: {'yes' if r['reward_mean'][0] >= t['reward_mean'][0] - 1e-9 else 'no'})")
-    print(f"{elapsed:.0f} s for the comparison; load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end (1 min)")
+    print(f"reward: last 5 steps rlnb {r['reward_end'][0]:.3f} vs TRL {t['reward_end'][0]:.3f}; "
+          f"all steps {r['reward_mean'][0]:.3f} vs {t['reward_mean'][0]:.3f} "
+          f"(at least as good: {'yes' if r['reward_mean'][0] >= t['reward_mean'][0] - 1e-9 else 'no'})")
+    print(f"{elapsed:.0f} s for the comparison; load average {load_start[0]:.1f} at start, "
+          f"{load_end[0]:.1f} at end (1 min)")
     memory = []
     if not args.skip_memory and args.model != "tiny":
         print("\n(memory probes: tiny model only; skipped for --model " + args.model + ")")
     elif not args.skip_memory:
-        print(f"\n== peak memory of rlnb, one process each: no reference (beta 0) / LoRA reference (adapters off) / frozen copy; "
+        print(f"\n== peak memory of rlnb, one process each: "
+              f"no reference (beta 0) / LoRA reference (adapters off) / frozen copy; "
               f"beta {args.memory_beta}, {args.memory_steps} steps ==", flush=True)
         memory = run_memory_probes(args)
         for which in ("tiny", "wide"):
             by = {m["ref_kind"]: m for m in memory if m["model"] == which}
             if "none" in by and "lora" in by:
-                d = lambda k: (by[k]["peak_rss_mb"] - by[k]["rss_before_ref_mb"]) - (by["none"]["peak_rss_mb"] - by["none"]["rss_before_ref_mb"])
+                d = lambda k: ((by[k]["peak_rss_mb"] - by[k]["rss_before_ref_mb"])
+                               - (by["none"]["peak_rss_mb"] - by["none"]["rss_before_ref_mb"]))
                 print(f"  {which}: training's peak RSS growth vs no reference: LoRA reference {d('lora'):+.1f} MB"
                       + (f", frozen copy {d('copy'):+.1f} MB" if "copy" in by else "")
                       + f" (the model's weights: {by['none']['policy_bytes'] / 2**20:.1f} MB)")
     if args.plot:
         plot(all_runs, args, args.plot); print(f"\nplot: {args.plot}")
     if args.json:
-        info = dict(args=vars(args), versions=dict(torch=torch.__version__, transformers=transformers.__version__, trl=trl.__version__,
-                    peft=peft.__version__, python=platform.python_version()), cpus=os.cpu_count(), load_average=dict(start=load_start, end=load_end),
+        info = dict(args=vars(args),
+                    versions=dict(torch=torch.__version__, transformers=transformers.__version__, trl=trl.__version__,
+                                  peft=peft.__version__, python=platform.python_version()),
+                    cpus=os.cpu_count(), load_average=dict(start=load_start, end=load_end),
                     model_load_s=t_load, shared_prompt_prefill=shares,
                     elapsed_s=elapsed, summary=summary, per_seed=per_seed, runs=all_runs, memory=memory)
         Path(args.json).write_text(json.dumps(info, indent=1, default=str)); print(f"json: {args.json}")

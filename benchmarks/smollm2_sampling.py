@@ -21,7 +21,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from rlnb import GenerationConfig, ModelConfig, chat_task, create_batch_rollouts, get_task, load_model, load_tokenizer
+    from rlnb import (GenerationConfig, ModelConfig, chat_task, create_batch_rollouts, get_task, load_model,
+                      load_tokenizer)
     if args.threads: torch.set_num_threads(args.threads)
     model = load_model(ModelConfig("smollm2", use_lora=True, lora_r=8)).eval()
     tok = load_tokenizer("smollm2")

@@ -48,7 +48,8 @@ def timed_sweep(grid: dict, seeds: int, root: Path, workers: int | None = None, 
 def main(argv=None):
     args = parse_args(argv)
     os.environ.setdefault("RLNB_CACHE", str(HERE.parent / ".cache" / "rlnb"))  # the checkout's tiny-model cache
-    grid = {"learning_rate": [float(x) for x in args.lrs.split(",")], "num_iterations": args.iterations, "eval_every": 0}
+    grid = {"learning_rate": [float(x) for x in args.lrs.split(",")],
+            "num_iterations": args.iterations, "eval_every": 0}
     n_runs = len(grid["learning_rate"]) * args.seeds
     print(f"{n_runs} runs of {args.iterations} iterations (tiny model, addition, GRPO + LoRA), {os.cpu_count()} cores, "
           f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -60,7 +61,8 @@ def main(argv=None):
             if kw is None:
                 from distributed import Client, LocalCluster
                 t0 = time.perf_counter()
-                with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
                         Client(cluster) as client:
                     start = time.perf_counter() - t0
                     seconds, results = timed_sweep(grid, args.seeds, Path(tmp) / name, executor=client.get_executor())
@@ -69,8 +71,10 @@ def main(argv=None):
                 (seconds, results), extra = timed_sweep(grid, args.seeds, Path(tmp) / name, **kw), ""
             base = base or seconds
             train = sum(r.summary["train_seconds"] for r in results) / len(results)
-            print(f"{name:8s} wall {seconds:6.1f} s  {seconds / n_runs:5.2f} s/run  ratio {seconds / base:.2f}x local-1  "
-                  f"(mean run: {sum(r.seconds for r in results) / len(results):.1f} s, of which training {train:.1f} s){extra}",
+            print(f"{name:8s} wall {seconds:6.1f} s  {seconds / n_runs:5.2f} s/run  "
+                  f"ratio {seconds / base:.2f}x local-1  "
+                  f"(mean run: {sum(r.seconds for r in results) / len(results):.1f} s, "
+                  f"of which training {train:.1f} s){extra}",
                   flush=True)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

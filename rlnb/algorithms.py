@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .core import Batch, CollatedBatch, collate, group_stats
-from .kl import kl_k3
+from .kl import KL_ESTIMATORS, _check_kl_values, kl_k3
 
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
@@ -27,18 +27,25 @@ _SCALES = ("group", "batch", "none")
 
 def _rewards_1d(fn: str, rewards) -> Tensor:
     "Rewards as a float (B,) tensor without grad, or a clear error."
-    try: r = torch.as_tensor(rewards, dtype=torch.float32) if not isinstance(rewards, Tensor) else rewards.detach().float()
+    try:
+        r = (torch.as_tensor(rewards, dtype=torch.float32) if not isinstance(rewards, Tensor)
+             else rewards.detach().float())
     except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{fn}: `rewards` must be a (B,) tensor or list of numbers, got {type(rewards).__name__} ({e})") from None
+        raise ValueError(f"{fn}: `rewards` must be a (B,) tensor or list of numbers, "
+                         f"got {type(rewards).__name__} ({e})") from None
     if r.ndim != 1:
-        raise ValueError(f"{fn}: `rewards` has shape {tuple(r.shape)}, expected (B,); aggregate vector rewards to one number per rollout first")
+        raise ValueError(f"{fn}: `rewards` has shape {tuple(r.shape)}, expected (B,); "
+                         "aggregate vector rewards to one number per rollout first")
     if r.numel() == 0: raise ValueError(f"{fn}: `rewards` is empty")
     bad = ~torch.isfinite(r)
-    if bad.any(): raise ValueError(f"{fn}: `rewards` must be finite; NaN or inf at positions {bad.nonzero().flatten().tolist()[:10]}")
+    if bad.any():
+        raise ValueError(f"{fn}: `rewards` must be finite; "
+                         f"NaN or inf at positions {bad.nonzero().flatten().tolist()[:10]}")
     return r
 
 
-def _resolve_group_ids(fn: str, B: int, group_ids=None, group_size: int | None = None, device=None) -> Tensor:
+def _resolve_group_ids(fn: str, B: int, group_ids=None, group_size: int | None = None,
+                       device=None) -> Tensor:
     "One long label per rollout, from `group_ids` or contiguous blocks of `group_size`."
     if group_ids is not None and group_size is not None:
         raise ValueError(f"{fn}: pass `group_ids` or `group_size`, not both")
@@ -46,15 +53,19 @@ def _resolve_group_ids(fn: str, B: int, group_ids=None, group_size: int | None =
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
             raise ValueError(f"{fn}: `group_size` must be a positive int, got {group_size!r}")
         if group_size == 1:
-            raise ValueError(f"{fn}: `group_size`=1 makes every advantage 0 (each rollout is its own baseline); sample at least 2 completions per prompt")
+            raise ValueError(f"{fn}: `group_size`=1 makes every advantage 0 (each rollout is its own baseline); "
+                             "sample at least 2 completions per prompt")
         if B % group_size:
-            raise ValueError(f"{fn}: batch size B={B} is not divisible by `group_size`={group_size}; expected B = n_prompts * group_size")
+            raise ValueError(f"{fn}: batch size B={B} is not divisible by `group_size`={group_size}; "
+                             "expected B = n_prompts * group_size")
         return torch.arange(B, device=device) // group_size
     if group_ids is None: return torch.zeros(B, dtype=torch.long, device=device)
     ids = torch.as_tensor(group_ids, device=device)
-    if ids.shape != (B,): raise ValueError(f"{fn}: `group_ids` has shape {tuple(ids.shape)}, expected ({B},) like `rewards`")
+    if ids.shape != (B,):
+        raise ValueError(f"{fn}: `group_ids` has shape {tuple(ids.shape)}, expected ({B},) like `rewards`")
     if ids.is_floating_point(): raise TypeError(f"{fn}: `group_ids` must be integers, got dtype {ids.dtype}")
     return ids.long()
+
 
 # %% ../nbs/10_algorithms.ipynb #6016c547
 def compute_grpo_advantages(
@@ -78,7 +89,8 @@ def compute_grpo_advantages(
     if scale == "batch": std = group_stats(r, unbiased=True).std[0] if len(r) else r.new_zeros(())  # one group
     else: std = stats.std[stats.index]  # (B,)
     denom = std + eps  # 0 only with eps=0 and a spread too small for float32 (its square underflows)
-    return torch.where((centered == 0) | (denom == 0), torch.zeros_like(centered), centered / denom)  # 0 stays 0 even with eps=0
+    # 0 stays 0 even with eps=0
+    return torch.where((centered == 0) | (denom == 0), torch.zeros_like(centered), centered / denom)
 
 # %% ../nbs/10_algorithms.ipynb #66eb4567
 def compute_advantages(
@@ -116,7 +128,8 @@ AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
 def aggregate_loss(
     per_token_loss: Tensor,  # (B, C) loss of every completion token (garbage allowed where the mask is 0)
     loss_mask: Tensor,  # (B, C) 1 on tokens that count, 0 elsewhere
-    aggregation: str | Callable = "token_mean",  # "token_mean", "sequence_mean", "constant", or fn(per_token_loss, loss_mask) -> scalar
+    # "token_mean", "sequence_mean", "constant", or fn(per_token_loss, loss_mask) -> scalar
+    aggregation: str | Callable = "token_mean",
     max_completion_length: int | None = None,  # L_max for "constant" (default: C); ignored otherwise
 ) -> Tensor:  # scalar
     "Average per-token losses into one scalar the way `aggregation` says."
@@ -129,7 +142,8 @@ def aggregate_loss(
         B, C = per_token_loss.shape
         L = C if max_completion_length is None else max_completion_length
         if not isinstance(L, int) or L < C:
-            raise ValueError(f"aggregate_loss: `max_completion_length`={L!r} must be an int >= the completion width C={C} (the generation budget)")
+            raise ValueError(f"aggregate_loss: `max_completion_length`={L!r} must be an int "
+                             f">= the completion width C={C} (the generation budget)")
         return masked.sum() / (B * L)
     raise ValueError(f"aggregate_loss: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
 
@@ -146,7 +160,9 @@ def _check_2d(fn: str, name: str, x, shape=None, like="logprobs") -> Tensor:
 def _check_finite(fn: str, name: str, x: Tensor, keep: Tensor | None = None) -> None:
     "`x` must be finite where `keep` is true (everywhere when None); masked positions may hold anything."
     bad = ~torch.isfinite(x.detach()) if keep is None else keep & ~torch.isfinite(x.detach())
-    if bad.any(): raise ValueError(f"{fn}: `{name}` must be finite on the tokens that count; NaN or inf at {bad.nonzero()[0].tolist()}")
+    if bad.any():
+        raise ValueError(f"{fn}: `{name}` must be finite on the tokens that count; "
+                         f"NaN or inf at {bad.nonzero()[0].tolist()}")
 
 
 def _check_number(fn: str, name: str, x, low: float = 0.0) -> None:
@@ -157,29 +173,44 @@ def _check_number(fn: str, name: str, x, low: float = 0.0) -> None:
 
 def _advantages_2d(fn: str, advantages, B: int, C: int, device) -> Tensor:
     "Advantages (B,), (B, 1) or (B, C) as a float (B, 1) or (B, C) tensor without grad."
-    a = torch.as_tensor(advantages, dtype=torch.float32, device=device) if not isinstance(advantages, Tensor) else advantages.detach().to(device, torch.float32)
+    a = (torch.as_tensor(advantages, dtype=torch.float32, device=device) if not isinstance(advantages, Tensor)
+         else advantages.detach().to(device, torch.float32))
     if a.shape == (B,): a = a[:, None]
     if a.shape in ((B, 1), (B, C)):
         _check_finite(fn, "advantages", a)
         return a
-    raise ValueError(f"{fn}: `advantages` has shape {tuple(a.shape)}, expected ({B},) per sequence or ({B}, {C}) per token")
+    raise ValueError(f"{fn}: `advantages` has shape {tuple(a.shape)}, "
+                     f"expected ({B},) per sequence or ({B}, {C}) per token")
 
 
-def _kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_fn: Callable | None = None) -> Tensor:
-    "Per-token KL by `kl_fn` (default `rlnb.kl.kl_k3`), 0 off the mask (padding may hold -inf or NaN, so it is replaced first)."
+def _kl_function(fn: str, kl_fn) -> Callable | None:
+    "`kl_fn` as a function: as given, or the estimator a name stands for ('k1', 'k2', 'k3': rlnb.kl.KL_ESTIMATORS)."
+    if kl_fn is None or callable(kl_fn): return kl_fn
+    if isinstance(kl_fn, str) and kl_fn in KL_ESTIMATORS: return KL_ESTIMATORS[kl_fn]
+    raise (ValueError if isinstance(kl_fn, str) else TypeError)(
+        f"{fn}: `kl_fn`={kl_fn!r} is neither a function (logprobs, ref_logprobs) -> (B, C) nor the name of an "
+        f"estimator; the names are {sorted(KL_ESTIMATORS)}")
+
+
+def _kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_fn: Callable | str | None = None) -> Tensor:
+    "Per-token KL by `kl_fn` (default `rlnb.kl.kl_k3`), 0 off the mask (padding may hold -inf or NaN: replaced first)."
+    kl_fn = _kl_function("policy loss", kl_fn)
     zero = torch.zeros_like(logprobs)
     kl = (kl_fn or kl_k3)(torch.where(mask, logprobs, zero), torch.where(mask, ref_logprobs, zero))  # (B, C)
-    if not isinstance(kl, Tensor) or kl.shape != logprobs.shape:  # a (B,) or scalar result would broadcast silently
+    # a (B,) or scalar result would broadcast silently
+    if not isinstance(kl, Tensor) or kl.shape != logprobs.shape:
         got = f"shape {tuple(kl.shape)}" if isinstance(kl, Tensor) else f"a {type(kl).__name__}"
         raise ValueError(f"kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` returned {got}; expected a tensor of shape "
                          f"{tuple(logprobs.shape)}, one KL value per token")
+    if kl_fn is not None: _check_kl_values("policy loss", kl_fn, kl, logprobs, ref_logprobs, mask)
     return torch.where(mask, kl, zero)
 
 
 def _masked_means(mask: Tensor, **values: Tensor) -> dict[str, float]:
     "Token means over the mask of several (B, C) tensors, as floats, in one device-to-host copy."
     n = mask.sum().clamp(min=1)
-    stacked = torch.stack([torch.where(mask, v.float(), 0.0).sum() / n for v in values.values()])  # -inf padding stays out
+    # -inf padding stays out
+    stacked = torch.stack([torch.where(mask, v.float(), 0.0).sum() / n for v in values.values()])
     return dict(zip(values, stacked.tolist()))
 
 # %% ../nbs/10_algorithms.ipynb #4d1815d5
@@ -194,9 +225,10 @@ def grpo_loss(
     beta: float = 0.0,  # weight of the KL penalty to the reference
     aggregation: str | Callable = "token_mean",  # "token_mean" (DAPO), "sequence_mean" (GRPO), "constant" (Dr. GRPO)
     max_completion_length: int | None = None,  # L_max for aggregation="constant" (default: C)
-    kl_fn: Callable | None = None,  # per-token KL (logprobs, ref_logprobs) -> (B, C), e.g. rlnb.kl's estimators; None = k3
+    kl_fn: Callable | None = None,  # per-token KL (logprobs, ref_logprobs) -> (B, C), e.g. from rlnb.kl; None = k3
     log_ratio_clip: float | None = None,  # clamp log(pi/pi_old) to [-c, c] before exp (verl uses 20); None = off
-    dual_clip: float | None = None,  # for A < 0, cap the token loss at -dual_clip * A (verl's clip_ratio_c = 3); None = off
+    # for A < 0, cap the token loss at -dual_clip * A (verl's clip_ratio_c = 3); None = off
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "GRPO's clipped policy loss with an optional KL penalty (k3 by default), aggregated over the masked tokens."
     fn = "grpo_loss"
@@ -208,8 +240,10 @@ def grpo_loss(
     if clip_eps_high is not None: _check_number(fn, "clip_eps_high", clip_eps_high)
     if log_ratio_clip is not None: _check_number(fn, "log_ratio_clip", log_ratio_clip)
     if dual_clip is not None and (_check_number(fn, "dual_clip", dual_clip) or dual_clip <= 1):
-        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 (it caps the loss of ratios above it when A < 0)")
-    if beta > 0 and ref_logprobs is None: raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
+        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 "
+                         "(it caps the loss of ratios above it when A < 0)")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
     if not callable(aggregation) and aggregation not in AGGREGATIONS:
         raise ValueError(f"{fn}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
 
@@ -219,12 +253,14 @@ def grpo_loss(
         if x is not None: _check_finite(fn, name, x.to(lp.device), keep)  # padding may hold NaN or -inf
     adv = _advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1) or (B, C)
     log_ratio = torch.where(keep, lp - old_logprobs.detach().to(lp.device, torch.float32), torch.zeros_like(lp))
-    if log_ratio_clip is not None: log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)  # no gradient beyond it
+    # no gradient beyond it
+    if log_ratio_clip is not None: log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
     ratio = torch.exp(log_ratio)  # (B, C), exactly 1 off the mask
     policy_tok = -clipped_surrogate_objective(ratio, adv, clip_eps, clip_eps_high)  # (B, C)
     if dual_clip is not None: policy_tok = torch.where(adv < 0, torch.minimum(policy_tok, -dual_clip * adv), policy_tok)
     policy_loss = aggregate_loss(policy_tok, keep, aggregation, max_completion_length)
-    kl_tok = _kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn) if ref_logprobs is not None else None
+    kl_tok = (_kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn) if ref_logprobs is not None
+              else None)
     kl_loss = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length) if beta > 0 else None
     loss = policy_loss if kl_loss is None else policy_loss + kl_loss
 
@@ -237,7 +273,8 @@ def grpo_loss(
         if dual_clip is not None: vals["clip/dual_ratio"] = (ratio > dual_clip) & (adv_tok < 0)
         if kl_tok is not None: vals["kl/mean"] = kl_tok.detach()
         extra = torch.stack([policy_loss.detach()] + ([kl_loss.detach()] if kl_loss is not None else [])).tolist()
-        metrics = {"loss/policy": extra[0], **({"loss/kl": extra[1]} if kl_loss is not None else {}), **_masked_means(keep, **vals)}
+        metrics = {"loss/policy": extra[0], **({"loss/kl": extra[1]} if kl_loss is not None else {}),
+                   **_masked_means(keep, **vals)}
     return loss, metrics
 
 # %% ../nbs/10_algorithms.ipynb #aee5c4b3
@@ -251,9 +288,11 @@ def compute_grpo_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "GRPO loss on a `CollatedBatch`, given the current policy's log-probs."
     if not isinstance(batch, CollatedBatch):
-        raise TypeError(f"compute_grpo_loss: `batch` must be a CollatedBatch (use rlnb.core.collate on the rollouts), got {type(batch).__name__}")
+        raise TypeError("compute_grpo_loss: `batch` must be a CollatedBatch (use rlnb.core.collate on the rollouts), "
+                        f"got {type(batch).__name__}")
     if kl_coef > 0 and batch.ref_logprobs is None:
-        raise ValueError(f"compute_grpo_loss: `kl_coef`={kl_coef} needs reference log-probs, but `batch.ref_logprobs` is None")
+        raise ValueError(f"compute_grpo_loss: `kl_coef`={kl_coef} needs reference log-probs, "
+                         "but `batch.ref_logprobs` is None")
     _check_2d("compute_grpo_loss", "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     return grpo_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, beta=kl_coef, **cfg)
@@ -273,8 +312,10 @@ def compute_policy_gradient_loss(
     _check_2d(fn, "loss_mask", loss_mask, (B, C))
     keep = loss_mask.to(logprobs.device) > 0
     _check_finite(fn, "logprobs", logprobs, keep)
-    lp = torch.where(keep, logprobs.float(), torch.zeros_like(logprobs, dtype=torch.float32))  # (B, C), no -inf off the mask
-    loss = aggregate_loss(-_advantages_2d(fn, advantages, B, C, lp.device) * lp, keep, aggregation, max_completion_length)
+    # (B, C), no -inf off the mask
+    lp = torch.where(keep, logprobs.float(), torch.zeros_like(logprobs, dtype=torch.float32))
+    loss = aggregate_loss(-_advantages_2d(fn, advantages, B, C, lp.device) * lp, keep, aggregation,
+                          max_completion_length)
     with torch.no_grad(): metrics = {"loss/policy": loss.item(), **_masked_means(keep, **{"entropy/sampled_nll": -lp})}
     return loss, metrics
 
@@ -282,12 +323,13 @@ def compute_policy_gradient_loss(
 class AlgorithmSpec(NamedTuple):
     "What makes an algorithm: its advantage function, its policy loss and its default knobs."
     advantage_fn: Callable  # (rewards (B,), group_ids (B,), **knobs) -> advantages (B,) or (B, C)
-    policy_loss: Callable  # (logprobs, old_logprobs, advantages, loss_mask, ref_logprobs=None, **knobs) -> (loss, metrics)
+    # (logprobs, old_logprobs, advantages, loss_mask, ref_logprobs=None, **knobs) -> (loss, metrics)
+    policy_loss: Callable
     default_config: Mapping[str, Any]  # every knob the two functions take, with its default
     group_relative: bool = True  # its baseline is the group: it needs at least 2 completions per prompt
     whole_groups: bool = False  # its loss pairs rollouts of a group (DPO): a micro-batch must not split a group
     run_defaults: Mapping[str, Any] = MappingProxyType({})  # run-level knobs it expects, e.g. DAPO's dynamic sampling
-    value_head: bool = False  # it learns a value function (PPO): the run keeps a value head and fills the batch's values
+    value_head: bool = False  # it learns a value function (PPO): the run keeps a value head, fills the batch's values
     loss_units: Callable | None = None  # (batch, config) -> (B,): what its loss averages over, per row (DPO: pairs);
     # None: the aggregation's tokens or rows. Micro-batches are weighted by it, so that they add up exactly
 
@@ -297,14 +339,16 @@ _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None,
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: configs are copies, never the registry's dict
     "grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss, MappingProxyType(_GRPO_DEFAULTS)),
-    "dr_grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss, MappingProxyType({**_GRPO_DEFAULTS, "scale": "none", "aggregation": "constant"})),
+    "dr_grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss,
+                             MappingProxyType({**_GRPO_DEFAULTS, "scale": "none", "aggregation": "constant"})),
 }
 
 # %% ../nbs/10_algorithms.ipynb #54267902
 def _spec(fn: str, name) -> AlgorithmSpec:
     "The registered spec for `name`, or an error listing the known names."
     if name not in ALGORITHMS:
-        raise ValueError(f"{fn}: unknown algorithm {name!r}; known: {sorted(ALGORITHMS)} (add one with ALGORITHMS[name] = AlgorithmSpec(...))")
+        raise ValueError(f"{fn}: unknown algorithm {name!r}; known: {sorted(ALGORITHMS)} "
+                         "(add one with ALGORITHMS[name] = AlgorithmSpec(...))")
     return ALGORITHMS[name]
 
 
@@ -317,8 +361,12 @@ def create_algorithm_config(
     spec = _spec("create_algorithm_config", name)
     changes = {**(overrides or {}), **kwargs}
     unknown = sorted(set(changes) - set(spec.default_config) - {"name"})
-    if unknown: raise ValueError(f"create_algorithm_config: {name!r} has no option(s) {unknown}; its options are {sorted(spec.default_config)}")
-    if changes.get("name", name) != name: raise ValueError(f"create_algorithm_config: `name`={name!r} but overrides say {changes['name']!r}")
+    if unknown:
+        raise ValueError(f"create_algorithm_config: {name!r} has no option(s) {unknown}; "
+                         f"its options are {sorted(spec.default_config)}")
+    if changes.get("name", name) != name:
+        raise ValueError(f"create_algorithm_config: `name`={name!r} but overrides say {changes['name']!r}")
+    if "kl_fn" in changes: changes["kl_fn"] = _kl_function("create_algorithm_config", changes["kl_fn"])  # a name, too
     return {**dict(spec.default_config), **changes, "name": name}
 
 # %% ../nbs/10_algorithms.ipynb #2ea267bc
@@ -327,13 +375,15 @@ def create_grpo_config(**kwargs) -> dict:
     return create_algorithm_config("grpo", **kwargs)
 
 # %% ../nbs/10_algorithms.ipynb #ded8d361
-_DATA_ARGS = set(CollatedBatch._fields) | {"logprobs"}  # data, never config knobs: the batch's fields and the policy's log-probs
+# data, never config knobs: the batch's fields and the policy's log-probs
+_DATA_ARGS = set(CollatedBatch._fields) | {"logprobs"}
 _PASSED = ("old_logprobs", "advantages", "loss_mask", "ref_logprobs")  # handed to every policy_loss explicitly
 
 def _split_config(cfg: Mapping[str, Any], *fns: Callable) -> tuple[list[dict], list[str]]:
-    "For each fn, the config keys its signature names (or, with **kwargs, those no other fn names); plus the unclaimed keys."
+    "Per fn, the config keys its signature names (or, with **kwargs, those no other fn names); plus the unclaimed keys."
     sigs = [inspect.signature(f).parameters for f in fns]
-    named = [{k for k, p in s.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - _DATA_ARGS for s in sigs]
+    named = [{k for k, p in s.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - _DATA_ARGS
+             for s in sigs]
     var_kw = [any(p.kind == p.VAR_KEYWORD for p in s.values()) for s in sigs]
     claimed = set().union(*named)
     parts = [{k: v for k, v in cfg.items() if k in n or (vk and k not in claimed)} for n, vk in zip(named, var_kw)]
@@ -342,14 +392,17 @@ def _split_config(cfg: Mapping[str, Any], *fns: Callable) -> tuple[list[dict], l
 
 
 def _algorithm_knobs(fn: str, algorithm_config: Mapping[str, Any]) -> tuple[AlgorithmSpec, dict, dict, list]:
-    "The registered spec and the config's knobs split between its advantage_fn and its policy_loss (+ the unclaimed ones)."
-    if "name" not in algorithm_config: raise ValueError(f"{fn}: `algorithm_config` has no 'name'; make it with create_algorithm_config")
+    "The registered spec, and the config's knobs split between its advantage_fn and policy_loss (+ the unclaimed ones)."
+    if "name" not in algorithm_config:
+        raise ValueError(f"{fn}: `algorithm_config` has no 'name'; make it with create_algorithm_config")
     spec = _spec(fn, algorithm_config["name"])
     knobs = {k: v for k, v in algorithm_config.items() if k not in ("name", "max_new_tokens")}
-    if knobs.get("aggregation") == "constant" and knobs.get("max_completion_length") is None:  # Dr. GRPO divides by the budget
+    # Dr. GRPO divides by the budget
+    if knobs.get("aggregation") == "constant" and knobs.get("max_completion_length") is None:
         if algorithm_config.get("max_new_tokens") is None:
-            raise ValueError(f"{fn}: aggregation='constant' divides by the generation budget; set `max_completion_length` (or pass "
-                             "`max_new_tokens` in the config) instead of letting the longest completion of the batch decide it")
+            raise ValueError(f"{fn}: aggregation='constant' divides by the generation budget; "
+                             "set `max_completion_length` (or pass `max_new_tokens` in the config) "
+                             "instead of letting the longest completion of the batch decide it")
         knobs["max_completion_length"] = algorithm_config["max_new_tokens"]
     (adv_kw, loss_kw), unused = _split_config(knobs, spec.advantage_fn, spec.policy_loss)
     return spec, adv_kw, loss_kw, unused
@@ -361,32 +414,52 @@ def _batch_fields(f: Callable, batch: CollatedBatch, skip=()) -> dict:
     return {k: getattr(batch, k) for k in batch._fields if k in params and k not in skip}
 
 
+def _check_grouping(fn: str, group_ids) -> None:
+    "All rollouts grouped or none: ungrouped ones (label -1) among groups would be pooled into one fake group."
+    ungrouped = torch.as_tensor(group_ids) == -1  # (B,)
+    n = int(ungrouped.sum())
+    if 0 < n < len(ungrouped):
+        raise ValueError(f"{fn}: {n} of {len(ungrouped)} rollouts have no group (group_index=None, collated as -1) "
+                         "while the others have one; their advantages would compare them with each other as if "
+                         "sampled from one prompt. Give every rollout a group_index, or none")
+
+
 def compute_batch_advantages(
     batch: CollatedBatch,  # the whole collated batch (advantages are computed once, before any micro-batch)
-    algorithm_config: Mapping[str, Any],  # {"name": ..., **knobs}; knobs of the advantage_fn are used, others ignored
+    # {"name": ..., **knobs}; knobs of the advantage_fn are used, others ignored
+    algorithm_config: Mapping[str, Any],
 ) -> CollatedBatch:  # the batch with `advantages` (and `returns`, for a pair) set
-    "The registered algorithm's advantage_fn on a batch: rewards, group ids and any batch field it names (PPO: loss_mask, old_values)."
+    "The algorithm's advantage_fn on a batch: rewards, groups, any batch field it names (PPO: loss_mask, old_values)."
     spec, adv_kw, _, _ = _algorithm_knobs("compute_batch_advantages", algorithm_config)
-    out = spec.advantage_fn(batch.rewards, batch.group_ids, **_batch_fields(spec.advantage_fn, batch, ("rewards", "group_ids", "advantages")), **adv_kw)
-    return batch._replace(advantages=out[0], returns=out[1]) if isinstance(out, tuple) else batch._replace(advantages=out)
+    if spec.group_relative: _check_grouping("compute_batch_advantages", batch.group_ids)
+    out = spec.advantage_fn(batch.rewards, batch.group_ids,
+                            **_batch_fields(spec.advantage_fn, batch, ("rewards", "group_ids", "advantages")), **adv_kw)
+    return (batch._replace(advantages=out[0], returns=out[1]) if isinstance(out, tuple)
+            else batch._replace(advantages=out))
 
 
 # %% ../nbs/10_algorithms.ipynb #64ad076e
 def compute_loss_by_algorithm(
     batch: CollatedBatch,  # collated rollouts: rewards (B,), group_ids, loss_mask, old/ref log-probs
     logprobs: Tensor,  # (B, C) current policy log-probs of batch.completion_ids, with grad
-    algorithm_config: Mapping[str, Any],  # from create_algorithm_config: {"name": ..., **knobs}, plus optionally "max_new_tokens"
+    # from create_algorithm_config: {"name": ..., **knobs}, plus optionally "max_new_tokens"
+    algorithm_config: Mapping[str, Any],
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
-    "The default `loss_fn`: look the algorithm up in ALGORITHMS; its loss on `batch` (advantages: batch.advantages, else its advantage_fn)."
+    "The default `loss_fn`: the ALGORITHMS entry's loss on `batch` (advantages: batch.advantages, or its advantage_fn)."
     fn = "compute_loss_by_algorithm"
-    if not isinstance(batch, CollatedBatch): raise TypeError(f"{fn}: `batch` must be a CollatedBatch (use rlnb.core.collate), got {type(batch).__name__}")
+    if not isinstance(batch, CollatedBatch):
+        raise TypeError(f"{fn}: `batch` must be a CollatedBatch (use rlnb.core.collate), got {type(batch).__name__}")
     spec, _, loss_kw, unused = _algorithm_knobs(fn, algorithm_config)
-    if unused: raise ValueError(f"{fn}: option(s) {unused} of {algorithm_config['name']!r} are taken by neither its advantage_fn nor its loss_fn")
+    if unused:
+        raise ValueError(f"{fn}: option(s) {unused} of {algorithm_config['name']!r} "
+                         "are taken by neither its advantage_fn nor its loss_fn")
     _check_2d(fn, "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
     if batch.advantages is None: batch = compute_batch_advantages(batch, algorithm_config)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    fields = _batch_fields(spec.policy_loss, batch, _PASSED)  # e.g. group_ids, rewards; PPO: values, old_values, returns
-    return spec.policy_loss(logprobs, old, batch.advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, **fields, **loss_kw)
+    # e.g. group_ids, rewards; PPO: values, old_values, returns
+    fields = _batch_fields(spec.policy_loss, batch, _PASSED)
+    return spec.policy_loss(logprobs, old, batch.advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs,
+                            **fields, **loss_kw)
 
 # %% ../nbs/10_algorithms.ipynb #5699a42a
 def get_algorithm_config(
@@ -396,14 +469,18 @@ def get_algorithm_config(
 ) -> dict:  # a config with a "name"
     "The algorithm config to use at `iteration`."
     fn = "get_algorithm_config"
-    if schedule is not None and switch_strategy is not None: raise ValueError(f"{fn}: pass `schedule` or `switch_strategy`, not both")
+    if schedule is not None and switch_strategy is not None:
+        raise ValueError(f"{fn}: pass `schedule` or `switch_strategy`, not both")
     if switch_strategy is not None: cfg = switch_strategy(iteration)
     elif schedule is not None:
         items = sorted(dict(schedule).items())
         started = [c for start, c in items if start <= iteration]
-        if not started: raise ValueError(f"{fn}: `schedule` starts at iteration {items[0][0] if items else None}; nothing is scheduled for iteration {iteration}")
+        if not started:
+            raise ValueError(f"{fn}: `schedule` starts at iteration {items[0][0] if items else None}; "
+                             f"nothing is scheduled for iteration {iteration}")
         cfg = started[-1]
     else: cfg = "grpo"
     if isinstance(cfg, str): return create_algorithm_config(cfg)
-    if not isinstance(cfg, Mapping) or "name" not in cfg: raise ValueError(f"{fn}: expected a config dict with a 'name' or an algorithm name, got {cfg!r}")
+    if not isinstance(cfg, Mapping) or "name" not in cfg:
+        raise ValueError(f"{fn}: expected a config dict with a 'name' or an algorithm name, got {cfg!r}")
     return dict(cfg)

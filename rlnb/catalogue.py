@@ -14,9 +14,10 @@ from torch import Tensor
 
 from .core import group_stats
 from .kl import KL_ESTIMATORS
-from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, compute_grpo_advantages, compute_policy_gradient_loss,
-                             create_algorithm_config, grpo_loss, _advantages_2d, _check_2d, _check_finite, _check_number, _kl,
-                             _masked_means, _resolve_group_ids, _rewards_1d)
+from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, compute_grpo_advantages,
+                             compute_policy_gradient_loss, create_algorithm_config, grpo_loss, _advantages_2d,
+                             _check_2d, _check_finite, _check_number, _kl, _masked_means, _resolve_group_ids,
+                             _rewards_1d)
 
 # %% auto #0
 __all__ = ['DAPO_DEFAULTS', 'compute_rloo_advantages', 'compute_reinforce_advantages', 'compute_reinforce_loss',
@@ -58,7 +59,8 @@ def compute_reinforce_advantages(
     r = _rewards_1d(fn, rewards)
     ids = _resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
     b = torch.as_tensor((baseline_fn or _batch_mean_baseline)(r, ids), dtype=r.dtype, device=r.device)
-    if b.shape not in ((), (len(r),)): raise ValueError(f"{fn}: `baseline_fn` returned shape {tuple(b.shape)}, expected ({len(r)},) or a scalar")
+    if b.shape not in ((), (len(r),)):
+        raise ValueError(f"{fn}: `baseline_fn` returned shape {tuple(b.shape)}, expected ({len(r)},) or a scalar")
     return r - b
 
 # %% ../nbs/10b_catalogue.ipynb #03ee8f03
@@ -105,7 +107,8 @@ def reinforce_policy_loss(
 
 # %% ../nbs/10b_catalogue.ipynb #2c84a7e6
 ALGORITHMS["reinforce"] = AlgorithmSpec(compute_reinforce_advantages, reinforce_policy_loss, MappingProxyType(dict(
-    baseline_fn=None, beta=0.0, aggregation="token_mean", max_completion_length=None, kl_fn=None)), group_relative=False)
+    baseline_fn=None, beta=0.0, aggregation="token_mean", max_completion_length=None, kl_fn=None)),
+    group_relative=False)
 
 # %% ../nbs/10b_catalogue.ipynb #43e24424
 DAPO_DEFAULTS = MappingProxyType({
@@ -129,9 +132,9 @@ def compute_dapo_loss(
     beta: float = 0.0,  # DAPO drops the KL penalty
     kl_fn: Callable | None = None,  # per-token KL when beta > 0; None = k3
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
-    "DAPO's policy loss: the clipped surrogate with decoupled bounds (0.2 / 0.28), averaged over all tokens of the batch."
-    return grpo_loss(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
-                     beta=beta, aggregation="token_mean", kl_fn=kl_fn)
+    "DAPO's policy loss: the clipped surrogate with decoupled bounds (0.2 / 0.28), averaged over the batch's tokens."
+    return grpo_loss(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, clip_eps=clip_eps,
+                     clip_eps_high=clip_eps_high, beta=beta, aggregation="token_mean", kl_fn=kl_fn)
 
 # %% ../nbs/10b_catalogue.ipynb #e237cc57
 ALGORITHMS["dapo"] = AlgorithmSpec(compute_grpo_advantages, compute_dapo_loss, MappingProxyType(dict(
@@ -161,14 +164,20 @@ def gspo_loss(
     _check_2d(fn, "logprobs", logprobs)
     B, C = logprobs.shape
     _check_2d(fn, "old_logprobs", old_logprobs, (B, C)); _check_2d(fn, "loss_mask", loss_mask, (B, C))
-    for name, x in (("beta", beta), ("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)): _check_number(fn, name, x)
-    if beta > 0 and ref_logprobs is None: raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
+    for name, x in (("beta", beta), ("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)):
+        _check_number(fn, name, x)
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
     lp = logprobs.float()
     keep = loss_mask.to(lp.device) > 0  # (B, C)
-    _check_finite(fn, "logprobs", lp, keep); _check_finite(fn, "old_logprobs", old_logprobs.to(lp.device), keep)
+    _check_finite(fn, "logprobs", lp, keep)
+    _check_finite(fn, "old_logprobs", old_logprobs.to(lp.device), keep)
     adv = _advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1)
-    if adv.shape != (B, 1): raise ValueError(f"{fn}: `advantages` has shape {tuple(adv.shape)}; GSPO takes one advantage per sequence, ({B},)")
-    log_ratio = torch.where(keep, lp - old_logprobs.detach().to(lp.device, torch.float32), torch.zeros_like(lp))  # (B, C)
+    if adv.shape != (B, 1):
+        raise ValueError(f"{fn}: `advantages` has shape {tuple(adv.shape)}; "
+                         f"GSPO takes one advantage per sequence, ({B},)")
+    log_ratio = torch.where(keep, lp - old_logprobs.detach().to(lp.device, torch.float32),
+                            torch.zeros_like(lp))  # (B, C)
     n = keep.sum(1, keepdim=True)  # (B, 1) tokens per sequence
     seq_ratio = torch.exp(log_ratio.sum(1, keepdim=True) / n.clamp(min=1))  # (B, 1), 1 for a row with no tokens
     seq_obj = torch.minimum(seq_ratio * adv, seq_ratio.clamp(1 - clip_eps, 1 + clip_eps_high) * adv)  # (B, 1)
@@ -176,7 +185,8 @@ def gspo_loss(
     loss = policy_loss
     kl_tok = None
     if ref_logprobs is not None:
-        _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C)); _check_finite(fn, "ref_logprobs", ref_logprobs.to(lp.device), keep)
+        _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
+        _check_finite(fn, "ref_logprobs", ref_logprobs.to(lp.device), keep)
         kl_tok = _kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn)  # (B, C)
         if beta > 0: loss = policy_loss + beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length)
     with torch.no_grad():
@@ -184,14 +194,17 @@ def gspo_loss(
         low, high = (seq_ratio < 1 - clip_eps) & (adv < 0), (seq_ratio > 1 + clip_eps_high) & (adv > 0)
         per_seq = torch.cat([(low | high).float(), low.float(), high.float(), seq_ratio], 1) * rows  # (B, 4)
         vals = (per_seq.sum(0) / rows.sum().clamp(min=1)).tolist()
-        metrics = {"loss/policy": policy_loss.item(), **dict(zip(("clip/ratio", "clip/low_ratio", "clip/high_ratio", "ratio/mean"), vals)),
-                   **_masked_means(keep, **{"entropy/sampled_nll": -lp.detach(), **({"kl/mean": kl_tok} if kl_tok is not None else {})})}
+        metrics = {"loss/policy": policy_loss.item(),
+                   **dict(zip(("clip/ratio", "clip/low_ratio", "clip/high_ratio", "ratio/mean"), vals)),
+                   **_masked_means(keep, **{"entropy/sampled_nll": -lp.detach(),
+                                            **({"kl/mean": kl_tok} if kl_tok is not None else {})})}
         if beta > 0: metrics["loss/kl"] = (loss - policy_loss).item()
     return loss, metrics
 
 # %% ../nbs/10b_catalogue.ipynb #1927db27
 ALGORITHMS["gspo"] = AlgorithmSpec(compute_grpo_advantages, gspo_loss, MappingProxyType(dict(
-    scale="group", eps=1e-4, clip_eps=3e-4, clip_eps_high=4e-4, beta=0.0, aggregation="sequence_mean", max_completion_length=None, kl_fn=None)))
+    scale="group", eps=1e-4, clip_eps=3e-4, clip_eps_high=4e-4, beta=0.0, aggregation="sequence_mean",
+    max_completion_length=None, kl_fn=None)))
 
 # %% ../nbs/10b_catalogue.ipynb #3950e868
 def compute_reinforce_pp_advantages(
@@ -218,7 +231,8 @@ def reinforce_pp_loss(
     kl_fn: Callable | None = None,  # a per-token KL function; overrides `kl_estimator`
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "REINFORCE++'s loss: token-level clipped surrogate plus beta times the token mean of the per-token KL (k1 or k3)."
-    if kl_estimator not in ("k1", "k3"): raise ValueError(f"reinforce_pp_loss: `kl_estimator`={kl_estimator!r}, expected 'k1' or 'k3'")
+    if kl_estimator not in ("k1", "k3"):
+        raise ValueError(f"reinforce_pp_loss: `kl_estimator`={kl_estimator!r}, expected 'k1' or 'k3'")
     return grpo_loss(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, clip_eps=clip_eps, beta=beta,
                      aggregation="token_mean", kl_fn=kl_fn or KL_ESTIMATORS[kl_estimator])
 

@@ -6,6 +6,7 @@ Docs: https://rlnb.github.io/rlnb/chat.html.md"""
 
 # %% ../nbs/03_chat.ipynb #039ccda0
 from __future__ import annotations
+import operator
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .core import Conversation, Message
@@ -18,7 +19,8 @@ def _message_dict(message: Message) -> dict:
     "A Message as the dict a transformers chat template expects."
     d = {"role": message.role, "content": message.content}
     if message.tool_calls:
-        d["tool_calls"] = [{"type": "function", "function": {"name": c.get("name"), "arguments": c.get("arguments", {})}}
+        d["tool_calls"] = [{"type": "function",
+                            "function": {"name": c.get("name"), "arguments": c.get("arguments", {})}}
                            for c in message.tool_calls]
     if message.tool_call_id is not None: d["tool_call_id"] = message.tool_call_id
     return d
@@ -40,7 +42,7 @@ def _as_conversation(conversation, fn: str, name: str = "conversation") -> Conve
 def apply_chat_template(
     conversation: Conversation | Sequence,  # the chat so far (a Conversation, Messages or role/content dicts)
     tokenizer,  # its `chat_template` is used when it has one; None = plain format
-    template_fn: Callable[[Conversation, Any], str] | None = None,  # custom formatter `(conversation, tokenizer) -> str`
+    template_fn: Callable[[Conversation, Any], str] | None = None,  # a formatter `(conversation, tokenizer) -> str`
     add_generation_prompt: bool = True,  # end with the assistant's header, ready for the model's turn
     enable_thinking: bool | None = None,  # Qwen3-style thinking switch; passed only to templates that use it
     tools: Sequence[dict] | None = None,  # JSON schemas of tools, for templates that render them
@@ -68,13 +70,14 @@ def format_prompt(
     prompt_or_messages: str | Conversation | Sequence,  # a user question, or a whole conversation
     tokenizer,  # whose chat template to use (None = plain format)
     system_prompt: str | None = None,  # system message to put first
-    template_fn: Callable[[Conversation, Any], str] | None = None,  # custom formatter `(conversation, tokenizer) -> str`
+    template_fn: Callable[[Conversation, Any], str] | None = None,  # a formatter `(conversation, tokenizer) -> str`
     enable_thinking: bool | None = None,  # Qwen3-style thinking switch, for templates that use it
     use_chat_template: bool = True,  # False = raw text: the system prompt (if any), a blank line, the question
 ) -> str:
     "Prompt text for one question or conversation, ready for `rlnb.generation.batch_generate`."
     if isinstance(prompt_or_messages, str):
-        if not use_chat_template: return f"{system_prompt}\n\n{prompt_or_messages}" if system_prompt else prompt_or_messages
+        if not use_chat_template:
+            return f"{system_prompt}\n\n{prompt_or_messages}" if system_prompt else prompt_or_messages
         conv = Conversation((Message("user", prompt_or_messages),))
     else: conv = _as_conversation(prompt_or_messages, "format_prompt", "prompt_or_messages")
     if system_prompt and not any(m.role == "system" for m in conv.messages):
@@ -100,6 +103,20 @@ def _think_markers(tokenizer, end_token: str | None) -> tuple[str, str, int | No
     return start, end, vocab.get(end)
 
 
+def _token_ids(ids, tokenizer, fn: str, name: str) -> list[int]:
+    "`ids` as a list of ints, each an id of `tokenizer`'s vocabulary; anything else is an error naming `name`."
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else len(tokenizer.get_vocab())
+    checked = []
+    for k, t in enumerate(ids):
+        try: value = None if isinstance(t, bool) else operator.index(t)  # ints, numpy ints, integer tensors
+        except TypeError: value = None
+        if value is None: raise TypeError(f"{fn}: `{name}`[{k}] is a {type(t).__name__}; token ids are ints")
+        if not 0 <= value < size:
+            raise ValueError(f"{fn}: `{name}`[{k}] is {value}, not a token id: the tokenizer's ids are 0 to {size - 1}")
+        checked.append(value)
+    return checked
+
+
 def parse_thinking(
     text_or_ids: str | Sequence[int],  # completion text, or its token ids (then `tokenizer` is required)
     tokenizer=None,  # used to find the end-of-thinking marker and to decode ids
@@ -110,13 +127,15 @@ def parse_thinking(
     if isinstance(text_or_ids, str): text = text_or_ids
     else:
         if isinstance(text_or_ids, bytes) or not hasattr(text_or_ids, "__iter__"):
-            raise TypeError(f"parse_thinking: `text_or_ids` must be a str or a sequence of token ids, got {type(text_or_ids).__name__}")
+            raise TypeError(f"parse_thinking: `text_or_ids` must be a str or a sequence of token ids, "
+                            f"got {type(text_or_ids).__name__}")
         if tokenizer is None: raise ValueError("parse_thinking: token ids need a `tokenizer` to decode them")
-        ids = [int(t) for t in text_or_ids]
+        ids = _token_ids(list(text_or_ids), tokenizer, "parse_thinking", "text_or_ids")
         if end_id is not None and end_id in ids:
             cut = len(ids) - 1 - ids[::-1].index(end_id)
             thinking = tokenizer.decode(ids[:cut], skip_special_tokens=True)
-            return ParsedThinking(thinking.strip().removeprefix(start).strip(), tokenizer.decode(ids[cut + 1:], skip_special_tokens=True).strip())
+            return ParsedThinking(thinking.strip().removeprefix(start).strip(),
+                                  tokenizer.decode(ids[cut + 1:], skip_special_tokens=True).strip())
         text = tokenizer.decode(ids, skip_special_tokens=True)
     head, sep, tail = text.rpartition(end)
     if sep: return ParsedThinking(head.strip().removeprefix(start).strip(), tail.strip())

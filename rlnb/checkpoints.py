@@ -6,13 +6,13 @@ Docs: https://rlnb.github.io/rlnb/checkpoints.html.md"""
 
 # %% ../nbs/12_checkpoints.ipynb #fa59311b
 from __future__ import annotations
-import json, os, random, shutil, tempfile, uuid
+import json, os, random, reprlib, shutil, tempfile, uuid, warnings
 from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
 
-from .core import TrainingState, from_jsonable, is_peft_model, model_device, to_jsonable
+from .core import TrainingState, TrainingStats, from_jsonable, is_peft_model, model_device, to_jsonable
 
 # %% auto #0
 __all__ = ['checkpoint_exists', 'save_checkpoint', 'load_checkpoint', 'checkpoint_metadata']
@@ -53,12 +53,15 @@ def _jsonable_metadata(metadata: Mapping | None) -> dict:
 
 # %% ../nbs/12_checkpoints.ipynb #348b3f60
 def _fsync(path: Path) -> None:
-    "Flush a file, or a folder's list of entries, to the disk (skipped where the OS cannot open it, e.g. folders on Windows)."
+    "Flush a file, or a folder's entry list, to disk (skipped where the OS cannot open it, e.g. folders on Windows)."
     try: fd = os.open(path, os.O_RDONLY)
     except OSError: return
     try: os.fsync(fd)
     except OSError: pass
     finally: os.close(fd)
+
+
+_FORMAT = "rlnb-checkpoint/1"  # state.json's "format": the layout this version of rlnb writes and reads
 
 
 def _write_checkpoint(state: TrainingState, folder: Path) -> None:
@@ -70,19 +73,22 @@ def _write_checkpoint(state: TrainingState, folder: Path) -> None:
         weights = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
         save_file(weights, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
         cfg = model.peft_config[model.active_adapter].to_dict()
-        (folder / "adapter_config.json").write_text(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, set) else str(o), indent=1))
+        (folder / "adapter_config.json").write_text(
+            json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, set) else str(o), indent=1))
         kind = "lora"
     else:
         save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
         kind = "full"
-    if state.value_head is not None: save_model(state.value_head, str(folder / "value_head.safetensors"), metadata={"format": "pt"})
+    if state.value_head is not None:
+        save_model(state.value_head, str(folder / "value_head.safetensors"), metadata={"format": "pt"})
     if state.optimizer is not None: torch.save(state.optimizer.state_dict(), folder / "optimizer.pt")
     if state.scheduler is not None: torch.save(state.scheduler.state_dict(), folder / "scheduler.pt")
     torch.save(_rng_state(), folder / "rng.pt")
     for f in folder.iterdir(): _fsync(f)
-    meta = {"format": "rlnb-checkpoint/1", "weights": kind, "iteration": state.iteration, "global_step": state.global_step,
+    meta = {"format": _FORMAT, "weights": kind, "iteration": state.iteration, "global_step": state.global_step,
             "stats_history": to_jsonable(tuple(state.stats_history)), "metadata": _jsonable_metadata(state.metadata),
-            "value_head": state.value_head is not None}
+            "value_head": state.value_head is not None,  # which optional files exist: loading checks they still do
+            "optimizer": state.optimizer is not None, "scheduler": state.scheduler is not None}
     (folder / "state.json").write_text(json.dumps(meta))  # last: its presence marks a complete checkpoint
     _fsync(folder / "state.json"); _fsync(folder)
 
@@ -97,11 +103,19 @@ def _siblings(path: Path, kind: str) -> list[Path]:
     except FileNotFoundError: return []
 
 
+def _position(folder: Path) -> tuple[int, int]:
+    "(iteration, global_step) from a folder's state.json; (-1, -1) when it cannot be read (ranked below any other)."
+    try: meta = json.loads((folder / "state.json").read_text())
+    except (OSError, ValueError): return (-1, -1)  # ValueError: not JSON, or not UTF-8
+    at = (meta.get("iteration"), meta.get("global_step")) if isinstance(meta, dict) else (None, None)
+    return at if all(isinstance(v, int) and not isinstance(v, bool) for v in at) else (-1, -1)
+
+
 def _checkpoint_folder(path: Path) -> Path | None:
-    "`path` if it holds a complete checkpoint, else the newest complete `.old-*` sibling (a save killed mid-swap), else None."
+    "`path` if complete, else the complete `.old-*` sibling furthest into the run (a save killed mid-swap), else None."
     if _complete(path): return path
     found = [p for p in _siblings(path, "old") if _complete(p)]
-    return max(found, key=lambda p: (p / "state.json").stat().st_mtime_ns) if found else None
+    return max(found, key=lambda p: (_position(p), (p / "state.json").stat().st_mtime_ns)) if found else None
 
 
 def checkpoint_exists(
@@ -125,7 +139,13 @@ def _recover(path: Path) -> None:
     if found is not None and found != path:
         if path.exists(): _remove_checkpoint(path)  # not a complete checkpoint (it would have been found)
         os.rename(found, path); _fsync(path.parent)
-    for p in _siblings(path, "tmp") + _siblings(path, "old"): _remove_checkpoint(p)
+    kept = _position(path) if found is not None else (-1, -1)
+    for p in _siblings(path, "tmp"): _remove_checkpoint(p)
+    for p in _siblings(path, "old"):
+        if _complete(p) and _position(p) > kept:  # no save leaves one (`path` is always the newest): placed by hand
+            warnings.warn(f"save_checkpoint: {p} holds a checkpoint further into the run (iteration, step "
+                          f"{_position(p)}) than {path} {kept}; it is kept, not deleted: move it away or delete it")
+        else: _remove_checkpoint(p)
 
 
 def save_checkpoint(
@@ -165,20 +185,28 @@ def _read(file: Path, reader: Callable):
     "reader(file), with a damaged file reported as a ValueError naming it (a missing one stays FileNotFoundError)."
     if not file.is_file(): raise FileNotFoundError(f"load_checkpoint: {file} is missing; the checkpoint is incomplete")
     try: return reader(file)
-    except Exception as e: raise ValueError(f"load_checkpoint: {file} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        raise ValueError(f"load_checkpoint: {file} is truncated or corrupt ({type(e).__name__}: {e})") from None
 
 
 def _load_safetensors(file: Path, model) -> dict:
+    "The tensors of a safetensors file on the model's device; a NaN or inf in one is refused, naming the file."
     from safetensors.torch import load_file
-    return _read(file, lambda f: load_file(str(f), device=str(model_device(model))))
+    weights = _read(file, lambda f: load_file(str(f), device=str(model_device(model))))
+    for k, w in weights.items():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise ValueError(f"load_checkpoint: {file} holds NaN or infinite values in {k!r}; the checkpoint is "
+                             "corrupt (resuming would sample from non-finite probabilities)")
+    return weights
 
 
 def _check_shapes(file: Path, weights: Mapping, expected: Mapping) -> None:
     "Every weight in `weights` that the model has must have the model's shape."
     for k, w in weights.items():
         if k in expected and tuple(w.shape) != tuple(expected[k].shape):
-            raise ValueError(f"load_checkpoint: {file} holds {k!r} with shape {tuple(w.shape)} but the model's has shape "
-                             f"{tuple(expected[k].shape)}; the checkpoint is for a differently sized model")
+            raise ValueError(f"load_checkpoint: {file} holds {k!r} with shape {tuple(w.shape)} "
+                             f"but the model's has shape {tuple(expected[k].shape)}; "
+                             "the checkpoint is for a differently sized model")
 
 
 def _load_full_weights(model, file: Path) -> None:
@@ -192,26 +220,69 @@ def _load_full_weights(model, file: Path) -> None:
     if untied: raise ValueError(f"load_checkpoint: {file} lacks weights the model has: {untied[:5]}")
 
 
-_META_KEYS = ("weights", "iteration", "global_step", "stats_history", "metadata")
+_META_KEYS = ("format", "weights", "iteration", "global_step", "stats_history", "metadata")
+_MAX_COUNT = 2**53  # a counter this large is corrupt (and JSON numbers lose precision above it)
+_STAT_FIELDS = ("loss", "grad_norm", "learning_rate", "kl_divergence", "rewards_mean", "rewards_std")
 
-def _read_meta(file: Path) -> dict:
-    "state.json as a dict with every key load_checkpoint needs, or a ValueError naming the file."
-    try: meta = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise ValueError(f"load_checkpoint: {file} is not valid JSON ({e}); the checkpoint is corrupt") from None
-    if not isinstance(meta, dict): raise ValueError(f"load_checkpoint: {file} holds a {type(meta).__name__}, expected a JSON object")
-    missing = [k for k in _META_KEYS if k not in meta]
-    if missing: raise ValueError(f"load_checkpoint: {file} lacks {missing}; it was not written by save_checkpoint")
-    if meta["weights"] not in ("lora", "full"): raise ValueError(f"load_checkpoint: {file} has weights={meta['weights']!r}, expected 'lora' or 'full'")
-    for name in ("iteration", "global_step"):
-        value = meta[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"load_checkpoint: {file} has {name}={value!r}, expected an int >= 0: it is corrupt")
-    if not isinstance(meta["metadata"], dict):
-        raise ValueError(f"load_checkpoint: {file} has a {type(meta['metadata']).__name__} as metadata, not an object")
-    try: history = from_jsonable(meta["stats_history"])
-    except (KeyError, TypeError, ValueError) as e: history = e
+
+def _stats_problem(stats) -> str | None:
+    "What is wrong with one stats_history entry; None for a TrainingStats of numbers with JSON-scalar metrics."
+    if not isinstance(stats, TrainingStats): return f"{reprlib.repr(stats)}, not a TrainingStats record"
+    for name in _STAT_FIELDS:
+        value = getattr(stats, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"a TrainingStats whose {name} is {reprlib.repr(value)}, not a number"
+    metrics = stats.custom_metrics
+    if metrics is not None and not isinstance(metrics, dict):
+        return f"a TrainingStats whose custom_metrics is a {type(metrics).__name__}, not an object"
+    for k, v in (metrics or {}).items():  # numbers, and names such as "algorithm": "grpo"
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            return f"a TrainingStats whose custom_metrics[{k!r}] is a {type(v).__name__}, not a number or a string"
+    return None
+
+
+def _check_history(file: Path, saved) -> None:
+    "state.json's stats_history must read back as a list of TrainingStats records."
+    try: history = from_jsonable(saved)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"load_checkpoint: {file} has a stats_history that does not read back "
+                         f"({type(e).__name__}: {e}): it is corrupt") from None
     if not isinstance(history, (list, tuple)):
         raise ValueError(f"load_checkpoint: {file} has a stats_history that is not a list of records: it is corrupt")
+    for i, stats in enumerate(history):
+        problem = _stats_problem(stats)
+        if problem: raise ValueError(f"load_checkpoint: {file} has stats_history[{i}] = {problem}: it is corrupt")
+
+
+def _read_meta(file: Path) -> dict:
+    "state.json as a dict with every key load_checkpoint needs, each of its kind, or a ValueError naming the file."
+    try: meta = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"load_checkpoint: {file} is not valid JSON ({e}); the checkpoint is corrupt") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"load_checkpoint: {file} holds a {type(meta).__name__}, expected a JSON object")
+    missing = [k for k in _META_KEYS if k not in meta]
+    if missing: raise ValueError(f"load_checkpoint: {file} lacks {missing}; it was not written by save_checkpoint")
+    if meta["format"] != _FORMAT:
+        raise ValueError(f"load_checkpoint: {file} has format={meta['format']!r}; this version of rlnb reads "
+                         f"{_FORMAT!r} (a checkpoint written by a newer rlnb, or not by rlnb?)")
+    if meta["weights"] not in ("lora", "full"):
+        raise ValueError(f"load_checkpoint: {file} has weights={meta['weights']!r}, expected 'lora' or 'full'")
+    for name in ("iteration", "global_step"):
+        value = meta[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _MAX_COUNT:
+            raise ValueError(f"load_checkpoint: {file} has {name}={value!r}, expected an int >= 0 and < 2**53: "
+                             "it is corrupt")
+    for name in ("value_head", "optimizer", "scheduler"):  # optional (checkpoints of older versions lack some)
+        if name in meta and not isinstance(meta[name], bool):
+            raise ValueError(f"load_checkpoint: {file} has {name}={meta[name]!r}, expected true or false")
+    if not isinstance(meta["metadata"], dict):
+        raise ValueError(f"load_checkpoint: {file} has a {type(meta['metadata']).__name__} as metadata, not an object")
+    config = meta["metadata"].get("config")
+    if "config" in meta["metadata"] and not isinstance(config, dict):  # resume compares the run's settings with it
+        raise ValueError(f"load_checkpoint: {file} has a {type(config).__name__} as metadata.config, not an object "
+                         "(the run's TrainingConfig): it is corrupt")
+    _check_history(file, meta["stats_history"])
     return meta
 
 
@@ -235,15 +306,18 @@ def load_checkpoint(
     scheduler=None,  # if given, its state is restored
     loader: Callable | None = None,  # custom: loader(path, model, optimizer, scheduler) -> TrainingState
     restore_rng: bool = True,  # also restore the Python/numpy/torch random states
-    value_head=None,  # the run's value head, if the checkpoint holds one (add it to the optimizer first: rlnb.ppo.add_value_head)
+    # the run's value head, if the checkpoint holds one (add it to the optimizer first: rlnb.ppo.add_value_head)
+    value_head=None,
 ) -> TrainingState:
-    "Load weights, optimizer, scheduler, counters and RNG state saved by `save_checkpoint` (or set aside by a killed save)."
+    "Load weights, optimizer, scheduler, counters and RNG state from `save_checkpoint` (or set aside by a killed save)."
     if loader is not None: return loader(str(path), model, optimizer, scheduler)
     folder = _checkpoint_folder(Path(path))
     if folder is None: raise FileNotFoundError(f"load_checkpoint: {path} is not a checkpoint (no state.json)")
     meta = _read_meta(folder / "state.json")
     if meta["weights"] == "lora":
-        if not is_peft_model(model): raise ValueError(f"load_checkpoint: {path} holds LoRA adapter weights but `model` is not a peft model; apply the same LoRA first")
+        if not is_peft_model(model):
+            raise ValueError(f"load_checkpoint: {path} holds LoRA adapter weights but `model` is not a peft model; "
+                             "apply the same LoRA first")
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
         file = folder / "adapter_model.safetensors"
         weights = _load_safetensors(file, model)
@@ -252,26 +326,36 @@ def load_checkpoint(
         missing = [k for k in expected if k not in weights]
         if missing: raise ValueError(f"load_checkpoint: {file} lacks adapter weights the model has: {missing[:5]}")
         res = set_peft_model_state_dict(model, weights)
-        if getattr(res, "unexpected_keys", None): raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
+        if getattr(res, "unexpected_keys", None):
+            raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
     else: _load_full_weights(model, folder / "model.safetensors")
     if meta.get("value_head") and value_head is None:
-        raise ValueError(f"load_checkpoint: {path} holds a value head (a PPO run); pass `value_head=` (rlnb.ppo.add_value_head gives a "
-                         "state one, registered with its optimizer, before loading)")
+        raise ValueError(f"load_checkpoint: {path} holds a value head (a PPO run); pass `value_head=` "
+                         "(rlnb.ppo.add_value_head gives a state one, registered with its optimizer, before loading)")
     if value_head is not None:
-        if not meta.get("value_head"): raise ValueError(f"load_checkpoint: `value_head` was given but {path} holds none")
+        if not meta.get("value_head"):
+            raise ValueError(f"load_checkpoint: `value_head` was given but {path} holds none")
         _load_full_weights(value_head, folder / "value_head.safetensors")
     device = model_device(model)
     parts = [("optimizer.pt", optimizer, lambda s: optimizer.load_state_dict(s)),
-             ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)), ("rng.pt", restore_rng or None, _set_rng_state)]
+             ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)),
+             ("rng.pt", restore_rng or None, _set_rng_state)]
+    written = {"optimizer.pt": meta.get("optimizer"), "scheduler.pt": meta.get("scheduler"), "rng.pt": True}
     for name, target, restore in parts:  # each file is read, then restored; a damaged or mismatched one is named
-        if target is None or not (folder / name).exists(): continue
-        state = _read(folder / name, lambda f: torch.load(f, weights_only=True, map_location=device if name == "optimizer.pt" else None))
+        if target is None: continue
+        if not (folder / name).exists():
+            if not written[name]: continue  # the run had none (None: a checkpoint from before state.json said)
+            raise FileNotFoundError(f"load_checkpoint: {folder / name} is missing, but the checkpoint was saved with "
+                                    "it; resuming without it would not continue the run exactly")
+        state = _read(folder / name, lambda f: torch.load(f, weights_only=True,
+                                                          map_location=device if name == "optimizer.pt" else None))
         try: restore(state)
-        except Exception as e: raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
+        except Exception as e:
+            raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
     if optimizer is not None: _check_optimizer_shapes(folder / "optimizer.pt", optimizer)
     return TrainingState(iteration=meta["iteration"], global_step=meta["global_step"], model=model, optimizer=optimizer,
-                         scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])), metadata=meta["metadata"],
-                         value_head=value_head)
+                         scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])),
+                         metadata=meta["metadata"], value_head=value_head)
 
 # %% ../nbs/12_checkpoints.ipynb #88dbfc46
 def checkpoint_metadata(

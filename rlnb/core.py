@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, reprlib, tempfile
+import difflib, inspect, json, math, os, random, re, reprlib, tempfile, warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -15,9 +15,10 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
-           'TrainingStats', 'TrainingState', 'create_training_config', 'CollatedBatch', 'collate', 'set_seed',
-           'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'model_device', 'pad_token_id',
-           'is_peft_model', 'GroupStats', 'group_stats']
+           'TrainingStats', 'TrainingState', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads',
+           'CollatedBatch', 'collate', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl',
+           'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats',
+           'group_stats']
 
 # %% ../nbs/00_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -68,7 +69,8 @@ class Conversation(NamedTuple):
 
     def add_message(self, message: Message) -> Conversation:
         "A new conversation with `message` appended; `self` is unchanged."
-        if not isinstance(message, Message): raise TypeError(f"add_message: `message` must be a Message, got {type(message).__name__}")
+        if not isinstance(message, Message):
+            raise TypeError(f"add_message: `message` must be a Message, got {type(message).__name__}")
         return self._replace(messages=tuple(self.messages) + (message,))
 
 # %% ../nbs/00_core.ipynb #08c447d1
@@ -135,10 +137,10 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
-    dynamic_sampling: bool | None = None  # keep groups whose rewards differ, sampling more to refill (None: the algorithm's; on for dapo)
-    over_sampling_factor: float | None = None  # prompts per missing group in each sampling round (None: the algorithm's; 1, dapo 3)
+    dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
+    over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
-    overlong_buffer: int | None = None  # reward ramps to -1 over this many tokens before max_new_tokens (None: the algorithm's; 0, dapo 4)
+    overlong_buffer: int | None = None  # reward ramps to -1 over this many final tokens (None: algorithm's; 0, dapo 4)
     learning_rate: float = 3e-3  # peak learning rate (AdamW)
     lr_schedule: str = "cosine"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
     warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
@@ -161,7 +163,7 @@ def _document_fields(*records) -> None:
     "Give each NamedTuple field its trailing comment as `__doc__`, so `help()` shows what `show_doc` shows."
     for cls in records:
         try: source = inspect.getsource(cls)
-        except (OSError, TypeError): continue  # defined where no source file exists (a notebook kernel): nothing to copy
+        except (OSError, TypeError): continue  # no source file exists (a notebook kernel): nothing to copy
         for line in source.splitlines():
             m = re.match(r"\s+(\w+):[^#]*#\s*(.+)$", line)
             if m and m.group(1) in cls._fields: getattr(cls, m.group(1)).__doc__ = m.group(2).strip()
@@ -190,7 +192,7 @@ class TrainingState(NamedTuple):
     ref_model: Any = None  # reference model for KL, if any
     stats_history: tuple = ()  # TrainingStats of past steps
     metadata: dict | None = None  # e.g. the run's config
-    value_head: Any = None  # PPO's value head (hidden (..., H) -> (..., 1)), trained beside the policy; None without one
+    value_head: Any = None  # PPO's value head (hidden (..., H) -> (..., 1)), trained with the policy; None without one
 
 # %% ../nbs/00_core.ipynb #bfee8ba5
 _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
@@ -201,18 +203,21 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "max_seconds": (0, False), "num_threads": (1, True),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
 _MAXIMA = {  # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends
-    "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 100_000,
+    "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 10_000,
     "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
     "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
     "beta": 1e6, "temperature": 100.0}
-_MAX_ROWS = 1_000_000  # prompts_per_step x group_size: completions sampled per iteration
+# prompts_per_step x group_size: completions sampled per iteration, each with (C, vocabulary) logits in training
+_MAX_ROWS = 65_536
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no model name or folder holds one
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
             "task_format": ("auto", "plain", "chat")}
 
 
 def _field_value(name: str, value, annotation: str):
-    "`value` checked against the field's annotation ('int', 'float | None', ...); ints pass as floats, nothing else converts."
-    annotation = getattr(annotation, "__forward_arg__", getattr(annotation, "__name__", str(annotation)))  # NamedTuple keeps a ForwardRef
+    "`value` checked against its annotation ('int', 'float | None', ...); ints pass as floats, nothing else converts."
+    # NamedTuple keeps a ForwardRef
+    annotation = getattr(annotation, "__forward_arg__", getattr(annotation, "__name__", str(annotation)))
     kinds = [k.strip() for k in annotation.split("|")]
     if value is None:
         if "None" in kinds: return None
@@ -223,8 +228,11 @@ def _field_value(name: str, value, annotation: str):
         ok = "float" in kinds or ("int" in kinds and value.is_integer())  # 1e3 from a command line is an int
         if ok and "float" not in kinds: value = int(value)
     else: ok = any(isinstance(value, {"str": str, "dict": dict}.get(k, ())) for k in kinds)
-    if not ok: raise ValueError(f"TrainingConfig: `{name}` must be {annotation}, got {reprlib.repr(value)} ({type(value).__name__})")
-    if isinstance(value, float) and not math.isfinite(value): raise ValueError(f"TrainingConfig: `{name}` must be finite, got {value!r}")
+    if not ok:
+        raise ValueError(f"TrainingConfig: `{name}` must be {annotation}, "
+                         f"got {reprlib.repr(value)} ({type(value).__name__})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"TrainingConfig: `{name}` must be finite, got {value!r}")
     return float(value) if "float" in kinds and "int" not in kinds and not isinstance(value, bool) else value
 
 
@@ -235,12 +243,15 @@ def create_training_config(
     "A checked `TrainingConfig`: unknown names, wrong types and out-of-range values are errors naming the field."
     if isinstance(config, dict): config, changes = None, {**config, **changes}
     base = TrainingConfig() if config is None else config
-    if not isinstance(base, TrainingConfig): raise TypeError(f"create_training_config: `config` must be a TrainingConfig or a dict, got {type(base).__name__}")
+    if not isinstance(base, TrainingConfig):
+        raise TypeError(f"create_training_config: `config` must be a TrainingConfig or a dict, "
+                        f"got {type(base).__name__}")
     fields = TrainingConfig._fields
     for name in changes:
         if name not in fields:
             close = difflib.get_close_matches(name, fields, n=1)
-            raise ValueError(f"TrainingConfig has no field {name!r}" + (f"; did you mean {close[0]!r}?" if close else f"; fields: {list(fields)}"))
+            raise ValueError(f"TrainingConfig has no field {name!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else f"; fields: {list(fields)}"))
     values = {**base._asdict(), **changes}
     for name in fields:
         v = values[name] = _field_value(name, values[name], TrainingConfig.__annotations__[name])
@@ -248,27 +259,93 @@ def create_training_config(
             low, inclusive = _LIMITS[name]
             if v < low or (v == low and not inclusive):
                 raise ValueError(f"TrainingConfig: `{name}` must be {'>=' if inclusive else '>'} {low}, got {v!r}")
-        if name in _CHOICES and v not in _CHOICES[name]: raise ValueError(f"TrainingConfig: `{name}` must be one of {_CHOICES[name]}, got {v!r}")
+        if name in _CHOICES and v not in _CHOICES[name]:
+            raise ValueError(f"TrainingConfig: `{name}` must be one of {_CHOICES[name]}, got {v!r}")
         if name in _MAXIMA and v is not None and v > _MAXIMA[name]:
             raise ValueError(f"TrainingConfig: `{name}` must be <= {_MAXIMA[name]:,}, got {v!r}")
     _check_combined(values)
+    _warn_ignored(values, set(changes))
     return TrainingConfig(**values)
 
 
 def _check_combined(values: dict) -> None:
-    "The rules between fields: the iteration's size, where the run writes, beta given once."
+    "The rules between fields: the iteration's size, the names, beta given once, what sampling needs."
     if values["seed"] < -(2**63):
         raise ValueError(f"TrainingConfig: `seed` must be >= -2**63 (torch's range), got {values['seed']!r}")
     rows = values["prompts_per_step"] * values["group_size"]
     if rows > _MAX_ROWS:
-        raise ValueError(f"TrainingConfig: prompts_per_step x group_size = {rows:,} completions per iteration; "
-                         f"the limit is {_MAX_ROWS:,}")
-    if values["output_dir"] is not None and not values["output_dir"].strip():
-        raise ValueError("TrainingConfig: `output_dir` is empty; give a folder, or None to keep nothing on disk")
+        raise ValueError(f"TrainingConfig: prompts_per_step x group_size = {values['prompts_per_step']:,} x "
+                         f"{values['group_size']:,} = {rows:,} completions per iteration; the limit is {_MAX_ROWS:,}")
+    _check_names(values)
     options = values["algorithm_options"] or {}
     if values["beta"] is not None and "beta" in options:
         raise ValueError(f"TrainingConfig: `beta` is given twice, as a field ({values['beta']!r}) and in "
                          f"algorithm_options ({options['beta']!r}); give it once")
+    _check_sampling(values)
+
+
+def _check_names(values: dict) -> None:
+    "`model` and `output_dir` name things: not blank, and no control character (a NUL byte fails late, in the OS)."
+    if not values["model"].strip():
+        raise ValueError("TrainingConfig: `model` is empty; give 'tiny', 'smollm2', a Hugging Face id, "
+                         "a local folder or a .gguf file")
+    if values["output_dir"] is not None and not values["output_dir"].strip():
+        raise ValueError("TrainingConfig: `output_dir` is empty; give a folder, or None to keep nothing on disk")
+    for name in ("model", "output_dir"):
+        bad = _CONTROL.search(values[name] or "")
+        if bad:
+            raise ValueError(f"TrainingConfig: `{name}` {values[name]!r} holds the control character "
+                             f"{bad.group()!r}; no model name or folder has one")
+
+
+def _check_sampling(values: dict) -> None:
+    "Dynamic sampling needs groups to compare; the overlong penalty's ramp must fit inside the completion budget."
+    if values["dynamic_sampling"] and values["group_size"] < 2:
+        raise ValueError(f"TrainingConfig: `dynamic_sampling` drops every group whose rewards are all equal, which "
+                         f"a group of group_size={values['group_size']} always is: nothing would train; "
+                         "use group_size >= 2 or dynamic_sampling=False")
+    buffer, budget = values["overlong_buffer"], values["max_new_tokens"]
+    if buffer and buffer >= budget:
+        raise ValueError(f"TrainingConfig: `overlong_buffer`={buffer} must be < max_new_tokens={budget}: the "
+                         "length penalty ramps up over the last overlong_buffer tokens of the completion budget")
+
+
+def _warn_ignored(values: dict, given: set) -> None:
+    "Warn about settings given that cannot act: an evaluation size without evaluations, a warm-up longer than the run."
+    if ({"eval_size", "eval_every"} & given and values["eval_every"] == 0
+            and values["eval_size"] != TrainingConfig._field_defaults["eval_size"]):  # papermill passes every field
+        warnings.warn(f"TrainingConfig: `eval_size`={values['eval_size']} is ignored: eval_every=0 turns "
+                      "evaluation off", stacklevel=3)
+    steps = values["num_iterations"] * values["updates_per_batch"]  # optimizer steps in the run
+    if {"warmup_steps", "num_iterations", "updates_per_batch"} & given and values["warmup_steps"] > steps:
+        warnings.warn(f"TrainingConfig: `warmup_steps`={values['warmup_steps']:,} is more than the run's {steps:,} "
+                      "optimizer steps (num_iterations x updates_per_batch): the learning rate never reaches its "
+                      "peak", stacklevel=3)
+
+# %% ../nbs/00_core.ipynb #dad1f35a
+def warn_unsaved_checkpoints(
+    config: TrainingConfig,  # the run's config
+    checkpoint_fn: Callable | None = None,  # the run's own checkpoint hook, if any
+    fn: str = "train",  # the caller's name, for the message
+) -> None:
+    "Warn when `config.checkpoint_every` is set but nothing would save: no output_dir and no `checkpoint_fn`."
+    if config.checkpoint_every and config.output_dir is None and checkpoint_fn is None:
+        warnings.warn(f"{fn}: `checkpoint_every`={config.checkpoint_every} is ignored: without output_dir (or a "
+                      "checkpoint_fn) nothing is saved", stacklevel=3)
+
+# %% ../nbs/00_core.ipynb #abdce057
+def env_num_threads(
+    fn: str = "default_num_threads",  # the caller's name, for the message
+) -> int | None:
+    "$RLNB_NUM_THREADS as an int in num_threads' range (1 to 1024); None when it is not set."
+    env = os.environ.get("RLNB_NUM_THREADS", "").strip()
+    if not env: return None
+    try: n = int(env)
+    except ValueError: n = 0
+    if not 1 <= n <= _MAXIMA["num_threads"]:
+        raise ValueError(f"{fn}: $RLNB_NUM_THREADS must be an integer from 1 to {_MAXIMA['num_threads']:,} "
+                         f"(num_threads' range), got {env!r}")
+    return n
 
 # %% ../nbs/00_core.ipynb #e70dd81a
 class CollatedBatch(NamedTuple):
@@ -284,9 +361,9 @@ class CollatedBatch(NamedTuple):
     ref_logprobs: Tensor | None  # (B, C) float or None: reference log-probs
     prompt_length: int  # P: the column where completions start
     advantages: Tensor | None = None  # (B,) or (B, C): set once per batch by training_step, before any micro-batch
-    old_values: Tensor | None = None  # (B, C) value-head predictions at sampling time (no grad): PPO's V(s_t), set once per batch
-    returns: Tensor | None = None  # (B, C) regression targets of the value head (GAE: advantages + old_values), set with them
-    values: Tensor | None = None  # (B, C) value-head predictions of the current forward pass, with grad (set per micro-batch)
+    old_values: Tensor | None = None  # (B, C) value head at sampling time (no grad): PPO's V(s_t), set once per batch
+    returns: Tensor | None = None  # (B, C) value-head regression targets (GAE: advantages + old_values), set with them
+    values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
 
 # %% ../nbs/00_core.ipynb #c0f06b84
 def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:
@@ -304,7 +381,8 @@ def _check_lengths(rollouts: Sequence[Rollout], field: str):
     for i, r in enumerate(rollouts):
         v = getattr(r, field)
         if v is not None and len(v) != len(r.token_ids):
-            raise ValueError(f"collate: rollouts[{i}].{field} has {len(v)} entries but token_ids has {len(r.token_ids)}")
+            raise ValueError(f"collate: rollouts[{i}].{field} has {len(v)} entries "
+                             f"but token_ids has {len(r.token_ids)}")
 
 
 def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
@@ -313,16 +391,19 @@ def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
     vec = [isinstance(v, (list, tuple)) for v in vals]
     if any(vec) and not all(vec): raise ValueError("collate: mixes scalar and vector `rewards` across rollouts")
     try: out = torch.tensor(vals, dtype=torch.float32)
-    except (ValueError, TypeError) as e: raise ValueError(f"collate: `rewards` must be numbers or equal-length vectors ({e})") from None
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"collate: `rewards` must be numbers or equal-length vectors ({e})") from None
     bad = ~torch.isfinite(out.reshape(len(vals), -1)).all(1)  # (B,)
-    if bad.any(): raise ValueError(f"collate: rollouts[{int(bad.nonzero()[0])}].rewards must be finite, got {vals[int(bad.nonzero()[0])]!r}")
+    if bad.any():
+        raise ValueError(f"collate: rollouts[{int(bad.nonzero()[0])}].rewards must be finite, "
+                         f"got {vals[int(bad.nonzero()[0])]!r}")
     return out
 
 
 def collate(
     rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
     pad_token_id: int,  # id written into padding positions (may equal the EOS id)
-    eos_token_id: int | None = None,  # if given, loss_mask is 0 after the first EOS (rollouts without their own loss_mask)
+    eos_token_id: int | None = None,  # if set, loss_mask is 0 past the first EOS (rollouts without their own loss_mask)
     device: Any = None,  # where to put the tensors
 ) -> CollatedBatch:
     "Pad rollouts into training tensors: prompts left-padded to P, completions right-padded to C."
@@ -330,8 +411,11 @@ def collate(
     if len(rollouts) == 0: raise ValueError("collate: `rollouts` is empty; expected at least one Rollout")
     if pad_token_id is None: raise ValueError("collate: `pad_token_id` is None; pass the tokenizer's pad (or EOS) id")
     for i, r in enumerate(rollouts):
-        if not isinstance(r, Rollout): raise TypeError(f"collate: rollouts[{i}] is a {type(r).__name__}, expected a Rollout")
-        if len(r.prompt_token_ids) == 0: raise ValueError(f"collate: rollouts[{i}].prompt_token_ids is empty; at least one prompt token (e.g. BOS) is needed to predict the first completion token")
+        if not isinstance(r, Rollout):
+            raise TypeError(f"collate: rollouts[{i}] is a {type(r).__name__}, expected a Rollout")
+        if len(r.prompt_token_ids) == 0:
+            raise ValueError(f"collate: rollouts[{i}].prompt_token_ids is empty; at least one prompt token "
+                             "(e.g. BOS) is needed to predict the first completion token")
     for f in ("loss_mask", "logprobs", "ref_logprobs"): _check_lengths(rollouts, f)
 
     long = lambda xs: torch.as_tensor(list(xs), dtype=torch.long)
@@ -345,11 +429,13 @@ def collate(
     prompt_lengths = torch.tensor([len(r.prompt_token_ids) for r in rollouts])  # (B,)
     prompt_mask = (torch.arange(prompt.shape[1])[None, :] >= prompt.shape[1] - prompt_lengths[:, None]).long()  # (B, P)
 
-    own = [torch.ones(len(r.token_ids)) if r.loss_mask is None else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
+    own = [torch.ones(len(r.token_ids)) if r.loss_mask is None
+           else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
     loss_mask = _pad(own, 0.0, min_len=C) * completion_mask  # (B, C)
     if eos_token_id is not None:  # a rollout without its own loss_mask learns nothing after its first EOS
         is_eos = (completion_ids == eos_token_id) & completion_mask.bool()  # (B, C)
-        first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))  # (B,) index of first EOS, or C
+        # (B,) index of first EOS, or C
+        first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))
         explicit = torch.tensor([r.loss_mask is not None for r in rollouts])  # (B,) a multi-turn stream has EOS mid-way
         loss_mask = loss_mask * ((cols[None, :] <= first[:, None]) | explicit[:, None]).float()
 
@@ -368,9 +454,18 @@ def collate(
         old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1])
 
 # %% ../nbs/00_core.ipynb #f6678500
+def _check_seed(seed, fn: str) -> int:
+    "`seed`, if it is an int in torch's range (what torch.manual_seed and a Generator accept); else an error naming it."
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"{fn}: `seed` must be an int, got {seed!r}")
+    if not -(2**63) <= seed <= 2**64 - 1:
+        raise ValueError(f"{fn}: `seed` must be in [-2**63, 2**64 - 1] (torch's range), got {seed!r}")
+    return seed
+
+
 def set_seed(seed: int) -> int:
     "Seed python's `random`, numpy (if installed) and torch (CPU and every GPU). Returns `seed`."
-    if not isinstance(seed, int) or isinstance(seed, bool): raise TypeError(f"set_seed: `seed` must be an int, got {seed!r}")
+    _check_seed(seed, "set_seed")
     random.seed(seed)
     try:
         import numpy as np
@@ -380,19 +475,22 @@ def set_seed(seed: int) -> int:
     return seed
 
 # %% ../nbs/00_core.ipynb #5a78903c
-_RECORDS = {c.__name__: c for c in (ModelConfig, GenerationConfig, Message, Conversation, Generation, Rollout, TrainingConfig, TrainingStats)}
+_RECORDS = {c.__name__: c for c in (ModelConfig, GenerationConfig, Message, Conversation, Generation, Rollout,
+                                    TrainingConfig, TrainingStats)}
 
 def to_jsonable(x: Any) -> Any:
     "Turn records, tuples and tensors into JSON-compatible values, tagged so `from_jsonable` can undo it."
     if isinstance(x, Tensor):
-        return {"__tensor__": x.detach().cpu().float().tolist() if x.dtype == torch.bfloat16 else x.detach().cpu().tolist(),
+        return {"__tensor__": (x.detach().cpu().float().tolist() if x.dtype == torch.bfloat16
+                               else x.detach().cpu().tolist()),
                 "dtype": str(x.dtype).removeprefix("torch."), "shape": list(x.shape)}
     if isinstance(x, tuple) and type(x).__name__ in _RECORDS and hasattr(x, "_fields"):
         return {"__record__": type(x).__name__, **{f: to_jsonable(getattr(x, f)) for f in x._fields}}
     if isinstance(x, tuple): return {"__tuple__": [to_jsonable(v) for v in x]}
     if isinstance(x, list): return [to_jsonable(v) for v in x]
     if isinstance(x, dict):
-        if not all(isinstance(k, str) for k in x): raise TypeError(f"to_jsonable: dict keys must be strings, got {list(x)[:3]}")
+        if not all(isinstance(k, str) for k in x):
+            raise TypeError(f"to_jsonable: dict keys must be strings, got {list(x)[:3]}")
         return {k: to_jsonable(v) for k, v in x.items()}
     if x is None or isinstance(x, (bool, int, float, str)): return x
     if hasattr(x, "item") and callable(x.item): return x.item()  # numpy scalars
@@ -404,11 +502,13 @@ def from_jsonable(x: Any) -> Any:
     if isinstance(x, list): return [from_jsonable(v) for v in x]
     if not isinstance(x, dict): return x
     if "__tensor__" in x:
-        if not isinstance(getattr(torch, str(x.get("dtype")), None), torch.dtype): raise ValueError(f"from_jsonable: unknown dtype {x.get('dtype')!r}")
+        if not isinstance(getattr(torch, str(x.get("dtype")), None), torch.dtype):
+            raise ValueError(f"from_jsonable: unknown dtype {x.get('dtype')!r}")
         return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"])).reshape(x["shape"])
     if "__tuple__" in x: return tuple(from_jsonable(v) for v in x["__tuple__"])
     if "__record__" in x:
-        if x["__record__"] not in _RECORDS: raise ValueError(f"from_jsonable: unknown record {x['__record__']!r}; known: {sorted(_RECORDS)}")
+        if x["__record__"] not in _RECORDS:
+            raise ValueError(f"from_jsonable: unknown record {x['__record__']!r}; known: {sorted(_RECORDS)}")
         cls = _RECORDS[x["__record__"]]
         return cls(**{k: from_jsonable(v) for k, v in x.items() if k != "__record__"})
     return {k: from_jsonable(v) for k, v in x.items()}
@@ -435,6 +535,16 @@ def _numbers(x) -> bool:  # bools count, as 0 and 1
     return isinstance(x, (list, tuple)) and all(isinstance(t, (int, float)) for t in x)
 
 
+_ROLLOUT_STATUSES = ("completed", "truncated", "aborted", "failed")  # how a rollout ended (`Rollout.status`)
+
+
+def _generation_ok(g) -> bool:
+    "Whether a rollout's `generation`, read from a file, is a Generation record of the right types."
+    if not isinstance(g, Generation) or not isinstance(g.text, str): return False
+    if g.token_ids is not None and not _ints(g.token_ids): return False
+    return g.logprobs is None or (_numbers(g.logprobs) and all(math.isfinite(v) and v <= 0 for v in g.logprobs))
+
+
 def _rollout_type_problem(r: Rollout) -> str | None:
     "What is of the wrong type in a rollout read from a file (the fields training reads), or None."
     checks = [("prompt", isinstance(r.prompt, str), "a str"),
@@ -447,6 +557,13 @@ def _rollout_type_problem(r: Rollout) -> str | None:
         value = getattr(r, name)
         checks.append((name, value is None or (_numbers(value) and len(value) == len(r.token_ids)),
                        f"null or a list of {len(r.token_ids)} numbers (one per token)"))
+    for name in ("logprobs", "ref_logprobs"):  # log-probabilities: finite and never above 0
+        value = getattr(r, name)
+        checks.append((name, value is None or not _numbers(value) or all(math.isfinite(v) and v <= 0 for v in value),
+                       "log-probabilities: finite numbers <= 0"))
+    checks += [("status", r.status in _ROLLOUT_STATUSES, f"one of {_ROLLOUT_STATUSES}"),
+               ("generation", r.generation is None or _generation_ok(r.generation),
+                "null or a Generation record (text: str, token_ids: ints, logprobs: finite numbers <= 0)")]
     bad = [f"`{name}` must be {want}, got {reprlib.repr(getattr(r, name))}" for name, ok, want in checks if not ok]
     return "; ".join(bad) or None
 
@@ -458,14 +575,41 @@ def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
             try: r = from_jsonable(json.loads(line.decode("utf-8")))
-            except UnicodeDecodeError as e: raise ValueError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-            except json.JSONDecodeError as e: raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            except (KeyError, TypeError, ValueError, RuntimeError) as e: raise ValueError(f"{path}:{n}: not an rlnb record ({e})") from None
-            if not isinstance(r, Rollout): raise ValueError(f"{path}:{n}: expected a Rollout record, got {type(r).__name__}")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                raise ValueError(f"{path}:{n}: not an rlnb record ({e})") from None
+            if not isinstance(r, Rollout):
+                raise ValueError(f"{path}:{n}: expected a Rollout record, got {type(r).__name__}")
             problem = _rollout_type_problem(r)
             if problem: raise ValueError(f"{path}:{n}: {problem}")
             out.append(r)
     return out
+
+# %% ../nbs/00_core.ipynb #c855cd31
+def check_tool_calls(
+    calls,  # what a `tool_parser` returned
+    fn: str,  # the caller, for the message
+) -> list[dict]:
+    "A `tool_parser`'s result, checked where it enters: a list of call dicts, each named (or an error), with arguments."
+    hook = f"{fn}: `tool_parser`"
+    if isinstance(calls, (str, bytes, dict)) or not hasattr(calls, "__iter__"):
+        raise TypeError(f"{hook} returned a {type(calls).__name__}; expected a list of calls (dicts)")
+    calls = list(calls)
+    for k, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise TypeError(f"{hook} returned {reprlib.repr(call)} as call {k}; expected a dict with 'name' and "
+                            "'arguments'")
+        if not isinstance(call.get("name"), str) and not (call.get("name") is None and call.get("error")):
+            raise TypeError(f"{hook} returned call {k} with name {reprlib.repr(call.get('name'))}; expected a str "
+                            "(None only for a malformed call, with its 'error')")
+        args = call.get("arguments")
+        if args is not None and not isinstance(args, (dict, str)):
+            raise TypeError(f"{hook} returned call {k} with arguments {reprlib.repr(args)}; expected a dict of keyword "
+                            "arguments or one str")
+    return calls
 
 # %% ../nbs/00_core.ipynb #9861db0d
 def model_device(model) -> torch.device:
@@ -480,7 +624,9 @@ def pad_token_id(
 ) -> int:
     "The tokenizer's pad id, else its EOS id (padding never reaches a loss), else an error saying how to fix it."
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None: raise ValueError(f"{fn}: `tokenizer` has neither a pad token nor an EOS token; set `tokenizer.pad_token` (see rlnb.models.prepare_tokenizer)")
+    if pad is None:
+        raise ValueError(f"{fn}: `tokenizer` has neither a pad token nor an EOS token; "
+                         "set `tokenizer.pad_token` (see rlnb.models.prepare_tokenizer)")
     return pad
 
 # %% ../nbs/00_core.ipynb #4ac7b029
@@ -512,7 +658,8 @@ def group_stats(
     if group_ids is None: index = torch.zeros(B, dtype=torch.long, device=values.device)
     else:
         g = torch.as_tensor(group_ids, device=values.device)
-        if g.shape != (B,): raise ValueError(f"group_stats: `group_ids` has shape {tuple(g.shape)}, expected ({B},) like `values`")
+        if g.shape != (B,):
+            raise ValueError(f"group_stats: `group_ids` has shape {tuple(g.shape)}, expected ({B},) like `values`")
         if g.is_floating_point(): raise TypeError(f"group_stats: `group_ids` must be integers, got dtype {g.dtype}")
         index = torch.unique(g, return_inverse=True)[1]  # (B,) in 0..G-1
     G = int(index.max()) + 1 if B else 0

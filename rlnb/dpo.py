@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .core import Batch, CollatedBatch
-from .algorithms import ALGORITHMS, AlgorithmSpec, _check_2d, _check_finite, _check_number, _resolve_group_ids, _rewards_1d
+from .algorithms import (ALGORITHMS, AlgorithmSpec, _check_2d, _check_finite, _check_number, _resolve_group_ids,
+                             _rewards_1d)
 
 # %% auto #0
 __all__ = ['PAIR_SELECTORS', 'best_vs_worst_pairs', 'all_ordered_pairs', 'compute_dpo_pairs', 'compute_dpo_loss',
@@ -40,7 +41,8 @@ def best_vs_worst_pairs(
     G = int(index.max()) + 1
     lo = r.new_full((G,), float("inf")).scatter_reduce(0, index, r, "amin")  # (G,)
     hi = r.new_full((G,), -float("inf")).scatter_reduce(0, index, r, "amax")  # (G,)
-    best, worst = _first_where(r == hi[index], index, G), _first_where(r == lo[index], index, G)  # (G,) positions in `rows`
+    # (G,) positions in `rows`
+    best, worst = _first_where(r == hi[index], index, G), _first_where(r == lo[index], index, G)
     ok = hi - lo > min_margin  # (G,)
     return torch.stack([rows[best[ok]], rows[worst[ok]]], 1)
 
@@ -61,7 +63,8 @@ PAIR_SELECTORS = {"best_vs_worst": best_vs_worst_pairs, "all_pairs": all_ordered
 def _rewards_and_groups(fn: str, data, group_ids) -> tuple[Tensor, Tensor]:
     "(rewards (B,), group ids (B,)) from a Batch, a list of Rollouts, a CollatedBatch, or rewards with group ids."
     if isinstance(data, Batch): data = list(data.rollouts)
-    if isinstance(data, CollatedBatch): data, group_ids = data.rewards, data.group_ids if group_ids is None else group_ids
+    if isinstance(data, CollatedBatch):
+        data, group_ids = data.rewards, data.group_ids if group_ids is None else group_ids
     elif isinstance(data, (list, tuple)) and data and hasattr(data[0], "group_index"):
         if group_ids is None: group_ids = [-1 if x.group_index is None else x.group_index for x in data]
         data = [x.rewards for x in data]
@@ -72,7 +75,8 @@ def _rewards_and_groups(fn: str, data, group_ids) -> tuple[Tensor, Tensor]:
 def compute_dpo_pairs(
     rollouts_or_rewards,  # a Batch / list of Rollouts / CollatedBatch, or (B,) rewards
     group_ids=None,  # (B,) group labels (read from the rollouts when not given; None with rewards: one group)
-    pair_selector: str | Callable | None = None,  # "best_vs_worst" (None), "all_pairs", or fn(rewards, group_ids, min_margin) -> (P, 2)
+    # "best_vs_worst" (None), "all_pairs", or fn(rewards, group_ids, min_margin) -> (P, 2)
+    pair_selector: str | Callable | None = None,
     min_margin: float = 0.0,  # only pairs whose rewards differ by more than this
 ) -> Tensor:  # (P, 2) long: row of the chosen completion, row of the rejected one
     "Preference pairs from rewards within groups: by default each group's best completion against its worst."
@@ -81,28 +85,35 @@ def compute_dpo_pairs(
     _check_number(fn, "min_margin", min_margin)
     if pair_selector is None or isinstance(pair_selector, str):
         name = pair_selector or "best_vs_worst"
-        if name not in PAIR_SELECTORS: raise ValueError(f"{fn}: `pair_selector`={name!r}, expected one of {sorted(PAIR_SELECTORS)} or a function")
+        if name not in PAIR_SELECTORS:
+            raise ValueError(f"{fn}: `pair_selector`={name!r}, expected one of {sorted(PAIR_SELECTORS)} or a function")
         pair_selector = PAIR_SELECTORS[name]
     pairs = torch.as_tensor(pair_selector(r, ids, min_margin), dtype=torch.long, device=r.device).reshape(-1, 2)
     if pairs.numel() and (pairs.min() < 0 or pairs.max() >= len(r) or (pairs[:, 0] == pairs[:, 1]).any()):
-        raise ValueError(f"{fn}: `pair_selector` returned pairs outside 0..{len(r) - 1} or pairing a completion with itself")
+        raise ValueError(f"{fn}: `pair_selector` returned pairs outside 0..{len(r) - 1} "
+                         "or pairing a completion with itself")
     return pairs
 
 # %% ../nbs/10c_dpo.ipynb #08d6b37a
 def compute_dpo_loss(
-    chosen_logratios: Tensor,  # (P,) log pi(y_c) - log pi_ref(y_c), summed over each chosen completion's tokens, with grad
+    # (P,) log pi(y_c) - log pi_ref(y_c), summed over each chosen completion's tokens, with grad
+    chosen_logratios: Tensor,
     rejected_logratios: Tensor,  # (P,) the same for the rejected completions
     beta: float = 0.1,  # strength of the implicit KL: larger = stay closer to the reference
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss: mean over pairs, metrics)
     "DPO's sigmoid loss -log sigmoid(beta * (chosen log-ratio - rejected log-ratio)), averaged over the pairs."
     fn = "compute_dpo_loss"
     _check_number(fn, "beta", beta)
-    if beta == 0: raise ValueError(f"{fn}: `beta`=0 makes the loss the constant log 2 (no gradient); use beta > 0 (DPO's usual 0.1)")
+    if beta == 0:
+        raise ValueError(f"{fn}: `beta`=0 makes the loss the constant log 2 (no gradient); "
+                         "use beta > 0 (DPO's usual 0.1)")
     if chosen_logratios.ndim != 1 or chosen_logratios.shape != rejected_logratios.shape:
-        raise ValueError(f"{fn}: expected two (P,) tensors, got {tuple(chosen_logratios.shape)} and {tuple(rejected_logratios.shape)}")
+        raise ValueError(f"{fn}: expected two (P,) tensors, "
+                         f"got {tuple(chosen_logratios.shape)} and {tuple(rejected_logratios.shape)}")
     z = beta * (chosen_logratios.float() - rejected_logratios.float())  # (P,) implicit reward margins
     if len(z) == 0:  # no pairs: a zero loss that still reaches the model (zero gradient)
-        return chosen_logratios.sum() * 0.0, {"loss/dpo": 0.0, "dpo/margin": 0.0, "dpo/accuracy": 0.0, "dpo/pairs": 0.0}
+        return chosen_logratios.sum() * 0.0, {"loss/dpo": 0.0, "dpo/margin": 0.0, "dpo/accuracy": 0.0,
+                                              "dpo/pairs": 0.0}
     loss = F.softplus(-z).mean()  # = -logsigmoid(z): exact, no overflow at |z| ~ 1e4
     with torch.no_grad(): vals = torch.stack([loss, z.mean(), (z > 0).float().mean()]).tolist()
     return loss, {"loss/dpo": vals[0], "dpo/margin": vals[1], "dpo/accuracy": vals[2], "dpo/pairs": float(len(z))}
@@ -120,7 +131,7 @@ def compute_dpo_advantages(
     pair_selector: str | Callable | None = None,  # see compute_dpo_pairs
     min_margin: float = 0.0,  # see compute_dpo_pairs
 ) -> Tensor:  # (B,) float: times chosen minus times rejected (+1 / -1 / 0 with the default selector)
-    "Chosen / rejected marks of each rollout: DPO's 'advantages', for display and to catch a group split across micro-batches."
+    "Chosen/rejected marks per rollout: DPO's 'advantages', for display and to catch groups split across micro-batches."
     r, ids = _rewards_and_groups("compute_dpo_advantages", rewards, group_ids)
     return _marks(compute_dpo_pairs(r, ids, pair_selector, min_margin), len(r))
 
@@ -128,7 +139,8 @@ def compute_dpo_advantages(
 def dpo_policy_loss(
     logprobs: Tensor,  # (B, C) current policy log-probs of the sampled tokens, with grad
     old_logprobs: Tensor,  # (B, C) unused (kept for the registry's contract)
-    advantages,  # (B,) marks from compute_dpo_advantages over the whole batch (checked against this batch's pairs), or None
+    # (B,) marks from compute_dpo_advantages over the whole batch (checked against this batch's pairs), or None
+    advantages,
     loss_mask: Tensor,  # (B, C) 1 on tokens the policy produced
     ref_logprobs: Tensor | None,  # (B, C) under the reference model: required
     group_ids: Tensor,  # (B,) group labels (the registry passes batch.group_ids)
@@ -140,13 +152,15 @@ def dpo_policy_loss(
     "The registry's DPO loss: pairs from this batch's groups, sequence log-ratios to the reference, the sigmoid loss."
     fn = "dpo_policy_loss"
     if ref_logprobs is None:
-        raise ValueError(f"{fn}: DPO needs reference log-probs, but `ref_logprobs` is None. Train a LoRA policy (the reference is the "
-                         "model with its adapters off) or give train a reference some other way (create_training_state(reference=True), beta > 0)")
+        raise ValueError(f"{fn}: DPO needs reference log-probs, but `ref_logprobs` is None. "
+                         "Train a LoRA policy (the reference is the model with its adapters off) "
+                         "or give train a reference some other way (create_training_state(reference=True), beta > 0)")
     _check_2d(fn, "logprobs", logprobs)
     B, C = logprobs.shape
     _check_2d(fn, "loss_mask", loss_mask, (B, C)); _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
     keep = loss_mask.to(logprobs.device) > 0  # (B, C)
-    _check_finite(fn, "logprobs", logprobs, keep); _check_finite(fn, "ref_logprobs", ref_logprobs.to(logprobs.device), keep)
+    _check_finite(fn, "logprobs", logprobs, keep)
+    _check_finite(fn, "ref_logprobs", ref_logprobs.to(logprobs.device), keep)
     r, ids = _rewards_and_groups(fn, rewards, group_ids)  # (B,), (B,)
     if len(r) != B: raise ValueError(f"{fn}: `rewards` has {len(r)} entries but `logprobs` has {B} rows")
     pairs = compute_dpo_pairs(r, ids, pair_selector, min_margin).to(logprobs.device)  # (P, 2), rows of this batch
@@ -154,10 +168,12 @@ def dpo_policy_loss(
         marks = _marks(pairs, B)  # (B,)
         given = torch.as_tensor(advantages, dtype=marks.dtype, device=marks.device)
         if given.shape != marks.shape or not torch.equal(given, marks):
-            raise ValueError(f"{fn}: the chosen/rejected marks of this batch differ from `advantages` (the marks over the whole batch): a "
-                             "group was split across micro-batches, so some pairs were cut. Use micro_batch_size=None or a multiple of group_size "
+            raise ValueError(f"{fn}: the chosen/rejected marks of this batch differ from `advantages` "
+                             "(the marks over the whole batch): a group was split across micro-batches, "
+                             "so some pairs were cut. Use micro_batch_size=None or a multiple of group_size "
                              "(or pass advantages=None when calling the loss directly)")
-    log_ratio = torch.where(keep, logprobs.float() - ref_logprobs.detach().to(logprobs.device, torch.float32), 0.0).sum(1)  # (B,)
+    log_ratio = torch.where(keep, logprobs.float() - ref_logprobs.detach().to(logprobs.device, torch.float32),
+                            0.0).sum(1)  # (B,)
     loss, metrics = compute_dpo_loss(log_ratio[pairs[:, 0]], log_ratio[pairs[:, 1]], beta)
     return loss, {"loss/policy": metrics["loss/dpo"], **metrics}
 

@@ -7,19 +7,20 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/17_experiments.ipynb #b4224387
 from __future__ import annotations
-import ast, contextlib, hashlib, itertools, json, multiprocessing, numbers, os, re, reprlib, shutil, socket, threading
-import time, warnings
+import ast, contextlib, hashlib, itertools, json, math, multiprocessing, numbers, os, re, reprlib, shutil, socket
+import threading, time, warnings
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from .cache import LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, lock_holder
-from .core import create_training_config
+from .core import _MAXIMA, create_training_config
 from .loggers import _LABELS, load_metrics
 
 # %% auto #0
-__all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'MAX_KEPT_ATTEMPTS', 'RunResult', 'check_run_params', 'run_name',
-           'expand_grid', 'run_experiment', 'ProcessPerRun', 'run_sweep', 'Sweep', 'load_sweep', 'plot_sweep']
+__all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'MAX_KEPT_ATTEMPTS', 'MAX_SWEEP_RUNS', 'RunResult', 'check_run_params',
+           'run_name', 'expand_grid', 'run_experiment', 'ProcessPerRun', 'run_sweep', 'Sweep', 'load_sweep',
+           'plot_sweep']
 
 # %% ../nbs/17_experiments.ipynb #1ba1bef7
 class RunResult(NamedTuple):
@@ -57,6 +58,11 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _is_file_name(name) -> bool:
+    "Whether `name` is a plain file name: a str naming a file in a folder, not a path elsewhere ('/etc/x', '../x')."
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def _read_status(folder: Path) -> dict | None:
     "A run folder's status, checked (None if it has none); a ValueError naming the file if it is not a run's status."
     path = Path(folder) / STATUS_FILE
@@ -69,6 +75,8 @@ def _read_status(folder: Path) -> dict | None:
     elif not isinstance(status.get("attempt", 0), int) or isinstance(status.get("attempt"), bool):
         problem = f"has attempt {reprlib.repr(status.get('attempt'))}, expected an int"
     elif not isinstance(status.get("seconds") or 0, (int, float)): problem = "has `seconds` that are not a number"
+    elif not _is_file_name(status.get("notebook", "run.ipynb")):  # it is opened inside the run folder
+        problem = f"has notebook {reprlib.repr(status.get('notebook'))}, expected a file name such as 'run.ipynb'"
     else: return status
     raise ValueError(f"{path} {problem}; it was not written by rlnb: fix or remove it")
 
@@ -108,6 +116,19 @@ def run_name(
     return name or "defaults"
 
 # %% ../nbs/17_experiments.ipynb #297c3c4d
+MAX_SWEEP_RUNS = 10_000  # runs in one sweep at most: a bigger grid is refused before anything is expanded or run
+
+
+def _check_sweep_size(fn: str, settings: int, seeds) -> None:
+    "Refuse a sweep of more than MAX_SWEEP_RUNS runs, counted from the grid's sizes before anything is expanded."
+    per_setting = (seeds if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0
+                   else len(seeds) if isinstance(seeds, Sequence) and not isinstance(seeds, (str, bytes)) else 1)
+    if settings * per_setting > MAX_SWEEP_RUNS:
+        raise ValueError(f"{fn}: the grid makes {settings * per_setting:,} runs ({settings:,} settings x "
+                         f"{per_setting:,} seed{'s' * (per_setting > 1)}), more than "
+                         f"MAX_SWEEP_RUNS={MAX_SWEEP_RUNS:,}; sweep fewer values")
+
+
 def _seed_list(fn: str, seeds, grid_has_seed: bool, default_seed: int | None) -> list:
     "The seeds of each setting; [None] means: none added (the grid's own, or the notebook's default)."
     if seeds is None: return [None] if grid_has_seed or default_seed is None else [default_seed]
@@ -132,10 +153,12 @@ def expand_grid(
         swept = [k for k, v in grid.items() if isinstance(v, (list, tuple))]
         empty = [k for k in swept if not grid[k]]
         if empty: raise ValueError(f"{fn}: grid[{empty[0]!r}] is an empty list; give it at least one value")
+        _check_sweep_size(fn, math.prod(len(grid[k]) for k in swept), seeds)
         combos = itertools.product(*(grid[k] for k in swept))
         settings = [{**grid, **dict(zip(swept, combo))} for combo in combos]
     elif isinstance(grid, Sequence) and not isinstance(grid, str) and all(isinstance(g, Mapping) for g in grid):
         if not grid: raise ValueError(f"{fn}: `grid` is an empty list; give at least one setting")
+        _check_sweep_size(fn, len(grid), seeds)
         settings = [dict(g) for g in grid]
     else: raise TypeError(f"{fn}: `grid` must be a dict of lists or a list of dicts, got {type(grid).__name__}")
     plan = {}
@@ -220,6 +243,14 @@ def _run_files(out: Path) -> list[Path]:
     return sorted(p for p in out.iterdir() if p.name not in (LOCK_FILE, RUN_LOCK_FILE, ATTEMPTS_DIR))
 
 
+def _check_not_a_file(fn: str, name: str, path: Path) -> None:
+    "A folder to write in: refused with a ValueError naming `name` if it, or a folder above it, is an existing file."
+    blocking = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        where = "" if blocking == path else f" lies below {str(blocking)!r}, which"
+        raise ValueError(f"{fn}: `{name}` {str(path)!r}{where} is a file, not a folder; choose a folder")
+
+
 def _check_folder(fn: str, out: Path, previous: dict | None) -> None:
     "A run goes into a new folder, an empty one, or a run folder (one with a status file); anything else is refused."
     if out.is_symlink() or (out.exists() and not out.is_dir()):
@@ -300,6 +331,7 @@ def run_experiment(
     if Path(output_dir).is_symlink():
         raise ValueError(f"{fn}: `output_dir` {str(output_dir)!r} is a link; give a folder's own path")
     out = Path(output_dir).resolve()
+    _check_not_a_file(fn, "output_dir", out)
     _check_not_in_use(fn, out)
     done = _finished(fn, out, params)
     if done is not None: return done
@@ -319,14 +351,17 @@ def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None,
                   started=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid())
     _write_json_atomic(out / STATUS_FILE, status)
     t0, error = time.perf_counter(), None
-    for _ in range(3):  # a kernel that died before its first reply ran nothing (e.g. two kernels raced for a port): start again
+    # a kernel that died before its first reply ran nothing (e.g. two kernels raced for a port): start again
+    for _ in range(3):
         try:
             import papermill as pm
             with _environ(env or {}):
-                pm.execute_notebook(str(notebook), str(out / "run.ipynb"), parameters={**params, "output_dir": str(out)},
+                pm.execute_notebook(str(notebook), str(out / "run.ipynb"),
+                                    parameters={**params, "output_dir": str(out)},
                                     kernel_name=kernel_name, progress_bar=False, log_output=log_output,
                                     cwd=str(cwd or os.getcwd()),
-                                    extra_arguments=["--IPKernelApp.log_level=CRITICAL"])  # not the kernel's own chatter
+                                    # not the kernel's own chatter
+                                    extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
             error = None
         except Exception as e: error = _error_text(e)  # the notebook failed: recorded, not raised
         if not (error and any(s in error for s in _KERNEL_START_ERRORS)): break
@@ -439,8 +474,11 @@ def _default_executor(workers: int | None, runs: int) -> Executor:
 def _run_env(threads_per_run: int | None) -> dict[str, str]:
     "The kernels' environment: `threads_per_run` CPU threads (OpenMP, MKL, rlnb) and the caller's tiny-model cache."
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RLNB_NUM_THREADS")
-    if threads_per_run is not None and (not isinstance(threads_per_run, int) or threads_per_run < 1):
-        raise ValueError(f"run_sweep: `threads_per_run` must be an int >= 1 or None, got {threads_per_run!r}")
+    most = _MAXIMA["num_threads"]  # the limit of TrainingConfig.num_threads: more threads fail to start
+    if threads_per_run is not None and (not isinstance(threads_per_run, int) or isinstance(threads_per_run, bool)
+                                        or not 1 <= threads_per_run <= most):
+        raise ValueError(f"run_sweep: `threads_per_run` must be an int from 1 to {most} or None, "
+                         f"got {threads_per_run!r}")
     env = {} if threads_per_run is None else {k: str(int(threads_per_run)) for k in names}
     if os.environ.get("RLNB_CACHE"): env["RLNB_CACHE"] = str(Path(os.environ["RLNB_CACHE"]).expanduser().resolve())
     return env
@@ -478,6 +516,7 @@ def run_sweep(
         raise ValueError(f"{fn}: `workers` must be an int >= 1 or None, got {workers!r}")
     env, cwd = _run_env(threads_per_run), os.getcwd()
     root = Path(_default_root(notebook) if output_root is None else output_root).resolve()
+    _check_not_a_file(fn, "output_root", root)
     results, todo = {}, {}
     for run_id, params in plan.items():  # every check before the first kernel starts
         _check_request(f"{fn}: run {run_id}", notebook, params, check_params)

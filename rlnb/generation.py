@@ -66,10 +66,12 @@ class _InverseCdfSampler:
 # %% ../nbs/04_generation.ipynb #3880d3ce
 def _check_generation_config(config, fn: str) -> GenerationConfig:
     "Validate a GenerationConfig, naming the bad field."
-    if not isinstance(config, GenerationConfig): raise TypeError(f"{fn}: `config` must be a GenerationConfig, got {type(config).__name__}")
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(f"{fn}: `config` must be a GenerationConfig, got {type(config).__name__}")
     def positive_int(name):
         v = getattr(config, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"{fn}: `config.{name}` must be an int >= 1, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{fn}: `config.{name}` must be an int >= 1, got {v!r}")
     positive_int("max_new_tokens"); positive_int("num_return_sequences")
     t = config.temperature
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < math.inf:  # NaN fails too
@@ -78,7 +80,8 @@ def _check_generation_config(config, fn: str) -> GenerationConfig:
         raise ValueError(f"{fn}: `config.top_k` must be an int >= 1, or 0 / -1 for off, got {config.top_k!r}")
     if not 0 < config.top_p <= 1: raise ValueError(f"{fn}: `config.top_p` must be in (0, 1], got {config.top_p!r}")
     if isinstance(config.stop_strings, str) or not all(isinstance(s, str) and s for s in config.stop_strings):
-        raise ValueError(f"{fn}: `config.stop_strings` must be a tuple of non-empty strings, got {config.stop_strings!r}")
+        raise ValueError(f"{fn}: `config.stop_strings` must be a tuple of non-empty strings, "
+                         f"got {config.stop_strings!r}")
     for name in ("do_sample", "logprobs", "merge_lora"):
         if type(getattr(config, name)).__name__ not in ("bool", "bool_"):  # Python's or numpy's
             raise TypeError(f"{fn}: `config.{name}` must be True or False, got {getattr(config, name)!r}")
@@ -94,17 +97,19 @@ def _eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def _encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
-    "Token ids of each prompt (text or ids), texts in one tokenizer call; a BOS is not added twice when a text starts with it."
+    "Token ids of each prompt (text or ids), texts in one tokenizer call; no second BOS when a text starts with one."
     out: list = [None] * len(prompts)
     texts = {True: [], False: []}  # add_special_tokens -> indices of the texts that get it
     for i, p in enumerate(prompts):
         if isinstance(p, str): texts[not (tokenizer.bos_token and p.startswith(tokenizer.bos_token))].append(i)
         elif isinstance(p, Tensor) and p.dim() == 1: out[i] = p.tolist()
-        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p): out[i] = list(p)
+        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            out[i] = list(p)
         else: raise TypeError(f"{fn}: prompts[{i}] must be a str or a list of token ids, got {type(p).__name__}")
     for add_special, idx in texts.items():
         if idx:
-            for i, ids in zip(idx, tokenizer([prompts[i] for i in idx], add_special_tokens=add_special)["input_ids"]): out[i] = ids
+            for i, ids in zip(idx, tokenizer([prompts[i] for i in idx], add_special_tokens=add_special)["input_ids"]):
+                out[i] = ids
     for i, ids in enumerate(out):
         if len(ids) == 0: raise ValueError(f"{fn}: prompts[{i}] has no tokens; at least one is needed to condition on")
     return out
@@ -160,12 +165,15 @@ class _StopOnStrings:
     "Stopping criterion: a row is done once its completion's text (the prompt excluded) contains a stop string."
     def __init__(self, tokenizer, stop_strings: Sequence[str], prompt_length: int):
         self.tokenizer, self.stop_strings, self.prompt_length = tokenizer, tuple(stop_strings), prompt_length
-        self.window = 4 * max(len(s) for s in stop_strings) + 4  # tokens that can hold a stop string (>= 1/4 character each)
+        # tokens that can hold a stop string (>= 1/4 character each)
+        self.window = 4 * max(len(s) for s in stop_strings) + 4
 
     def __call__(self, input_ids: Tensor, scores=None, **kwargs) -> Tensor:
-        tail = input_ids[:, max(self.prompt_length, input_ids.shape[1] - self.window):]  # (R, <= window): newest completion tokens
+        # (R, <= window): newest completion tokens
+        tail = input_ids[:, max(self.prompt_length, input_ids.shape[1] - self.window):]
         texts = self.tokenizer.batch_decode(tail.tolist())
-        return torch.tensor([any(s in t for s in self.stop_strings) for t in texts], dtype=torch.bool, device=input_ids.device)
+        return torch.tensor([any(s in t for s in self.stop_strings) for t in texts], dtype=torch.bool,
+                            device=input_ids.device)
 
 
 def _stop_string_cut(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> int | None:
@@ -289,15 +297,17 @@ def merged_lora(
 # %% ../nbs/04_generation.ipynb #bd8c3dea
 def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
                    eos_ids: list[int], kv_cache=None) -> tuple[list[Generation], Any]:
-    "One `model.generate` call on ready rows (R, T), one sample each, after an optional KV cache of their first columns."
+    "One `model.generate` call on ready rows (R, T), one sample each; an optional KV cache holds their first columns."
     kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
     if kv_cache is not None: kwargs[_cache_arg(_forward_parameters(model))] = kv_cache
     sampling = config.do_sample and config.temperature > 0
     recorder = _LogprobRecorder(float(config.temperature) if sampling else 1.0) if config.logprobs else None
     if recorder is not None:  # first in the list, so it sees the model's raw logits
         kwargs["logits_processor"] = [recorder] + list(kwargs.get("logits_processor") or [])
-    if config.stop_strings:  # our own criterion: transformers' `stop_strings` also matches text that starts in the prompt
-        kwargs["stopping_criteria"] = list(kwargs.get("stopping_criteria") or []) + [_StopOnStrings(tokenizer, config.stop_strings, input_ids.shape[1])]
+    # our own criterion: transformers' `stop_strings` also matches text that starts in the prompt
+    if config.stop_strings:
+        kwargs["stopping_criteria"] = (list(kwargs.get("stopping_criteria") or [])
+                                       + [_StopOnStrings(tokenizer, config.stop_strings, input_ids.shape[1])])
     out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     new = out.sequences[:, input_ids.shape[1]:]  # (R, L): generated tokens, padding after a row's end
     lengths, found_eos = _completion_lengths(new, eos_ids)
@@ -317,7 +327,7 @@ def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, 
 
 def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
                           eos_ids: list[int]) -> tuple[list[Generation], Any, Tensor]:
-    "One `model.generate` call for a few prompts, n samples each: prompt-major generations, generate's output, the prompt mask."
+    "One `model.generate` call for a few prompts x n samples: prompt-major generations, generate's output, prompt mask."
     n = config.num_return_sequences
     input_ids, attention_mask = left_pad(prompt_ids, pad_id, model_device(model))  # (N, P)
     cache = None
@@ -368,18 +378,21 @@ def batch_generate(
     batch_size: int = 64,  # prompts per `model.generate` call (each becomes `num_return_sequences` rows)
     generator: Callable | None = None,  # custom backend `(model, tokenizer, prompts, config) -> list[Generation]`
 ) -> list[Generation]:
-    "Sample `num_return_sequences` completions per prompt, batched; prompt-major list of `len(prompts) * n` Generations."
+    "Sample n = `num_return_sequences` completions per prompt, batched: `len(prompts) * n` Generations, prompt-major."
     fn = "batch_generate"
     config = _check_generation_config(GenerationConfig() if config is None else config, fn)
-    if isinstance(prompts, str): raise TypeError(f"{fn}: `prompts` must be a list of prompts, got a single str; use `generate` for one")
+    if isinstance(prompts, str):
+        raise TypeError(f"{fn}: `prompts` must be a list of prompts, got a single str; use `generate` for one")
     prompts = list(prompts)
     if not prompts: raise ValueError(f"{fn}: `prompts` is empty; expected at least one prompt")
-    if not isinstance(batch_size, int) or batch_size < 1: raise ValueError(f"{fn}: `batch_size` must be an int >= 1, got {batch_size!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{fn}: `batch_size` must be an int >= 1, got {batch_size!r}")
     n = config.num_return_sequences
     if generator is not None:
         out = list(generator(model, tokenizer, prompts, config))
         if len(out) != len(prompts) * n:
-            raise ValueError(f"{fn}: `generator` returned {len(out)} generations, expected {len(prompts) * n} ({len(prompts)} prompts x {n})")
+            raise ValueError(f"{fn}: `generator` returned {len(out)} generations, "
+                             f"expected {len(prompts) * n} ({len(prompts)} prompts x {n})")
         for k, g in enumerate(out): _check_generation(g, k, n, fn)
         return out
     pad_id, eos_ids = pad_token_id(tokenizer, fn), _eos_token_ids(model, tokenizer)
@@ -392,7 +405,8 @@ def batch_generate(
             chunk = order[start:start + batch_size]
             gens = _generate_micro_batch(model, tokenizer, [encoded[i] for i in chunk], config, pad_id, eos_ids)[0]
             for k, i in enumerate(chunk):
-                per_prompt[i] = [g._replace(metadata={"prompt_index": i, "sample_index": j, "prompt_token_ids": encoded[i]})
+                per_prompt[i] = [g._replace(metadata={"prompt_index": i, "sample_index": j,
+                                                      "prompt_token_ids": encoded[i]})
                                  for j, g in enumerate(gens[k * n:(k + 1) * n])]
     return [g for gs in per_prompt for g in gs]
 
@@ -400,7 +414,8 @@ def batch_generate(
 def _one_prompt(prompt, fn: str):
     "Reject a list of prompts where one is expected."
     if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
-        raise TypeError(f"{fn}: `prompt` must be one prompt (a str or token ids); for a list of prompts use batch_generate")
+        raise TypeError(f"{fn}: `prompt` must be one prompt (a str or token ids); "
+                        "for a list of prompts use batch_generate")
 
 
 def generate(
@@ -414,7 +429,8 @@ def generate(
     config = _check_generation_config(GenerationConfig() if config is None else config, "generate")
     _one_prompt(prompt, "generate")
     if config.num_return_sequences != 1:
-        raise ValueError(f"generate: `config.num_return_sequences` is {config.num_return_sequences}; generate returns one completion, use batch_generate for several")
+        raise ValueError(f"generate: `config.num_return_sequences` is {config.num_return_sequences}; "
+                         "generate returns one completion, use batch_generate for several")
     return batch_generate(model, tokenizer, [prompt], config, generator=generator)[0]
 
 
@@ -424,8 +440,10 @@ def generate_with_logprobs(
     tokenizer,  # its tokenizer
     prompt: str | Sequence[int],  # one prompt: text (already formatted) or token ids
     config: GenerationConfig | None = None,  # sampling settings; `num_return_sequences` must be 1
-    logprob_extractor: Callable | None = None,  # scorer `(model, input_ids, attention_mask, completion_length, temperature=, micro_batch_size=) -> (B, C)`; None = recorded while sampling
-    generator: Callable | None = None,  # custom sampling backend `(model, tokenizer, prompts, config) -> list[Generation]`
+    # scorer `(model, input_ids, attention_mask, completion_length, temperature=, micro_batch_size=) -> (B, C)`;
+    # None = recorded while sampling
+    logprob_extractor: Callable | None = None,
+    generator: Callable | None = None,  # custom backend `(model, tokenizer, prompts, config) -> list[Generation]`
 ) -> Generation:
     "One completion with the log-prob of each of its tokens under the (temperature-scaled) sampling distribution."
     fn = "generate_with_logprobs"
@@ -433,14 +451,18 @@ def generate_with_logprobs(
     _one_prompt(prompt, fn)
     gen = generate(model, tokenizer, prompt, config._replace(logprobs=logprob_extractor is None), generator=generator)
     if logprob_extractor is None:
-        if gen.logprobs is None: raise ValueError(f"{fn}: `generator` returned no logprobs; pass a `logprob_extractor` to score its tokens")
+        if gen.logprobs is None:
+            raise ValueError(f"{fn}: `generator` returned no logprobs; pass a `logprob_extractor` to score its tokens")
         return gen
     C = len(gen.token_ids or [])
     if C == 0: return gen._replace(logprobs=[])
     prompt_ids = (gen.metadata or {}).get("prompt_token_ids") or _encode_prompts(tokenizer, [prompt], fn)[0]
-    ids, mask = left_pad([list(prompt_ids) + list(gen.token_ids)], pad_token_id(tokenizer, fn), model_device(model))  # (1, P+C)
-    temperature = float(config.temperature) if config.do_sample and config.temperature > 0 else 1.0  # as recorded while sampling
+    ids, mask = left_pad([list(prompt_ids) + list(gen.token_ids)], pad_token_id(tokenizer, fn),
+                         model_device(model))  # (1, P+C)
+    # as recorded while sampling
+    temperature = float(config.temperature) if config.do_sample and config.temperature > 0 else 1.0
     with _generation_mode(model), torch.no_grad():
         lp = logprob_extractor(model, ids, mask, C, temperature=temperature)  # (1, C)
-    if tuple(lp.shape) != (1, C): raise ValueError(f"{fn}: `logprob_extractor` returned shape {tuple(lp.shape)}, expected (1, {C})")
+    if tuple(lp.shape) != (1, C):
+        raise ValueError(f"{fn}: `logprob_extractor` returned shape {tuple(lp.shape)}, expected (1, {C})")
     return gen._replace(logprobs=lp[0].float().tolist())

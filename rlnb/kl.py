@@ -26,10 +26,12 @@ __all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_estimator', 'compute_
 def _check_same_shape(caller: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor | None = None):
     "ValueError unless `ref_logprobs` (and `mask`) are tensors shaped like `logprobs`."
     for name, t in (("logprobs", logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask)):
-        if t is not None and not isinstance(t, Tensor): raise TypeError(f"{caller}: `{name}` must be a tensor, got {type(t).__name__}")
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{caller}: `{name}` must be a tensor, got {type(t).__name__}")
     for name, t in (("ref_logprobs", ref_logprobs), ("mask", mask)):
         if t is not None and t.shape != logprobs.shape:
-            raise ValueError(f"{caller}: `{name}` has shape {tuple(t.shape)}, expected {tuple(logprobs.shape)} like `logprobs`")
+            raise ValueError(f"{caller}: `{name}` has shape {tuple(t.shape)}, "
+                             f"expected {tuple(logprobs.shape)} like `logprobs`")
 
 
 def kl_k1(
@@ -68,13 +70,26 @@ def kl_estimator(
     name: str = "k3",  # "k1", "k2" or "k3"
 ) -> Callable[[Tensor, Tensor], Tensor]:
     "The per-token estimator called `name`, a function (logprobs, ref_logprobs) -> (B, C)."
-    if name not in KL_ESTIMATORS: raise ValueError(f"kl_estimator: unknown estimator {name!r}; expected one of {sorted(KL_ESTIMATORS)}")
+    if name not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator: unknown estimator {name!r}; expected one of {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[name]
 
 # %% ../nbs/08_kl.ipynb #a236dc6a
 def _masked(kl: Tensor, mask: Tensor | None) -> Tensor:
     "Zero where mask is 0 (with `where`, so inf/NaN at padded positions cannot leak)."
     return kl if mask is None else torch.where(mask.bool(), kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
+
+
+def _check_kl_values(caller: str, kl_fn: Callable, kl: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
+                     mask: Tensor | None = None) -> None:
+    "A kl_fn's (B, C) result must be finite on the tokens that count, wherever both log-probs it was given are."
+    fine = torch.isfinite(logprobs.detach()) & torch.isfinite(ref_logprobs.detach())  # (B, C)
+    if mask is not None: fine = fine & mask.bool()
+    bad = fine & ~torch.isfinite(kl.detach())
+    if bad.any():
+        at = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{caller}: kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` returned {kl.detach()[at].item()} "
+                         f"at position {at}, where both log-probs are finite; expected a finite KL value per token")
 
 
 def compute_per_token_kl(
@@ -90,7 +105,9 @@ def compute_per_token_kl(
     kl = fn(logprobs, ref_logprobs)
     if not isinstance(kl, Tensor) or kl.shape != logprobs.shape:
         got = tuple(kl.shape) if isinstance(kl, Tensor) else type(kl).__name__
-        raise ValueError(f"compute_per_token_kl: kl_fn `{getattr(fn, '__name__', fn)}` returned {got}, expected a tensor of shape {tuple(logprobs.shape)}")
+        raise ValueError(f"compute_per_token_kl: kl_fn `{getattr(fn, '__name__', fn)}` returned {got}, "
+                         f"expected a tensor of shape {tuple(logprobs.shape)}")
+    if kl_fn is not None: _check_kl_values("compute_per_token_kl", kl_fn, kl, logprobs, ref_logprobs, mask)
     return _masked(kl, mask)
 
 # %% ../nbs/08_kl.ipynb #c2732b22
@@ -112,7 +129,7 @@ def compute_forward_kl(
     mask: Tensor | None = None,  # (B, C)
     log_ratio_clip: float = 10.0,  # log(ref/policy) is clamped to [-clip, clip] before exp
 ) -> Tensor:  # (B, C)
-    "Per-token estimate of the forward KL(reference || policy) from tokens sampled by the policy: r log r - (r - 1), r = ref/policy."
+    "Per-token estimate of forward KL(reference || policy) from policy samples: r log r - (r - 1), r = ref/policy."
     def forward_kl(lp: Tensor, ref_lp: Tensor) -> Tensor:
         log_r = (ref_lp.float() - lp.float()).clamp(-log_ratio_clip, log_ratio_clip)
         return (log_r.exp() * log_r - torch.expm1(log_r)).clamp_min(0.0)  # >= 0; 0 when r = 1
@@ -128,10 +145,13 @@ def exact_kl_from_logits(
 ) -> Tensor:  # (B, C)
     "Exact KL between the two next-token distributions at every position, summed over the vocabulary."
     if logits.ndim != 3 or ref_logits.shape != logits.shape:
-        raise ValueError(f"exact_kl_from_logits: `logits` {tuple(logits.shape)} and `ref_logits` {tuple(ref_logits.shape)} must both be (B, C, V)")
+        raise ValueError(f"exact_kl_from_logits: `logits` {tuple(logits.shape)} and "
+                         f"`ref_logits` {tuple(ref_logits.shape)} must both be (B, C, V)")
     if mask is not None and mask.shape != logits.shape[:2]:
-        raise ValueError(f"exact_kl_from_logits: `mask` has shape {tuple(mask.shape)}, expected {tuple(logits.shape[:2])}")
-    if direction not in ("reverse", "forward"): raise ValueError(f"exact_kl_from_logits: `direction` must be 'reverse' or 'forward', got {direction!r}")
+        raise ValueError(f"exact_kl_from_logits: `mask` has shape {tuple(mask.shape)}, "
+                         f"expected {tuple(logits.shape[:2])}")
+    if direction not in ("reverse", "forward"):
+        raise ValueError(f"exact_kl_from_logits: `direction` must be 'reverse' or 'forward', got {direction!r}")
     lp = torch.log_softmax(logits.float() / temperature, -1)  # (B, C, V)
     lq = torch.log_softmax(ref_logits.float() / temperature, -1)
     if direction == "forward": lp, lq = lq, lp
@@ -152,7 +172,8 @@ def compute_batch_kl(
     reduction: str = "token_mean",  # "token_mean" -> scalar; "sequence_sum" / "sequence_mean" -> (B,)
 ) -> Tensor:
     "KL over a batch: mean over masked tokens (scalar), or per sequence (B,)."
-    if reduction not in _REDUCTIONS: raise ValueError(f"compute_batch_kl: unknown `reduction` {reduction!r}; expected one of {list(_REDUCTIONS)}")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"compute_batch_kl: unknown `reduction` {reduction!r}; expected one of {list(_REDUCTIONS)}")
     kl = compute_per_token_kl(logprobs, ref_logprobs, kl_fn=kl_fn, estimator=estimator, mask=mask)  # (B, C)
     m = torch.ones_like(kl) if mask is None else mask.to(kl.dtype)
     if reduction == "token_mean": return kl.sum() / m.sum().clamp_min(1.0)
@@ -177,7 +198,8 @@ def create_adaptive_kl(
     estimator: str = "k3",  # the per-token estimator on the remaining tokens
 ) -> Callable[[Tensor, Tensor], Tensor]:
     "A kl_fn: the per-token `estimator` on tokens with policy probability > `confidence_threshold`, 0 elsewhere."
-    if not 0 <= confidence_threshold < 1: raise ValueError(f"create_adaptive_kl: `confidence_threshold` must be in [0, 1), got {confidence_threshold}")
+    if not 0 <= confidence_threshold < 1:
+        raise ValueError(f"create_adaptive_kl: `confidence_threshold` must be in [0, 1), got {confidence_threshold}")
     base = kl_estimator(estimator)
     log_threshold = math.log(confidence_threshold) if confidence_threshold > 0 else -math.inf
     def adaptive_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:  # (B, C)
@@ -193,10 +215,13 @@ def create_kl_schedule(
     schedule: str = "linear",  # "constant" (always initial_kl), "linear" or "cosine"
 ) -> Callable[[int], float]:
     "A function iteration -> KL coefficient beta."
-    if schedule not in ("constant", "linear", "cosine"): raise ValueError(f"create_kl_schedule: unknown `schedule` {schedule!r}; expected 'constant', 'linear' or 'cosine'")
+    if schedule not in ("constant", "linear", "cosine"):
+        raise ValueError(f"create_kl_schedule: unknown `schedule` {schedule!r}; "
+                         "expected 'constant', 'linear' or 'cosine'")
     if num_iterations < 1: raise ValueError(f"create_kl_schedule: `num_iterations` must be >= 1, got {num_iterations}")
     for name, v in (("initial_kl", initial_kl), ("final_kl", final_kl)):
-        if not 0 <= v < math.inf: raise ValueError(f"create_kl_schedule: `{name}` must be a finite number >= 0, got {v!r}")
+        if not 0 <= v < math.inf:
+            raise ValueError(f"create_kl_schedule: `{name}` must be a finite number >= 0, got {v!r}")
     def kl_coef(iteration: int) -> float:
         if schedule == "constant": return float(initial_kl)
         t = min(max(iteration / num_iterations, 0.0), 1.0)  # progress in [0, 1]
@@ -235,7 +260,8 @@ def create_frozen_copy(
 # %% ../nbs/08_kl.ipynb #f16c7a86
 def create_reference_model(
     model: Any,  # the policy (a torch module; a peft model for LoRA)
-    ref_model_fn: Callable[[Any], Any] | None = None,  # model -> reference; None = adapters-disabled handle for peft, else a frozen copy
+    # model -> reference; None = adapters-disabled handle for peft, else a frozen copy
+    ref_model_fn: Callable[[Any], Any] | None = None,
 ) -> Any:
     "The reference for KL: `AdapterDisabledRef(model)` for a peft (LoRA) model, otherwise a frozen deep copy."
     if model is None: raise ValueError("create_reference_model: `model` is None; pass the policy model")
@@ -250,11 +276,13 @@ def get_reference_logprobs(
     attention_mask: Tensor,  # (B, P+C) 1 on real tokens
     completion_length: int,  # C: the completion is the last C columns
     temperature: float = 1.0,  # the sampling temperature
-    logprob_extractor: Callable | None = None,  # (model, input_ids, attention_mask, completion_length, temperature=, micro_batch_size=) -> (B, C)
+    # (model, input_ids, attention_mask, completion_length, temperature=, micro_batch_size=) -> (B, C)
+    logprob_extractor: Callable | None = None,
     micro_batch_size: int | None = None,  # sequences per forward pass; None = all at once
 ) -> Tensor:  # (B, C)
     "Reference log-probs of the completion tokens, without gradient."
-    if ref_model is None: raise ValueError("get_reference_logprobs: `ref_model` is None; create one with create_reference_model(policy)")
+    if ref_model is None:
+        raise ValueError("get_reference_logprobs: `ref_model` is None; create one with create_reference_model(policy)")
     extractor = logprob_extractor or compute_logprobs_for_tokens
     adapters_off = isinstance(ref_model, AdapterDisabledRef)
     model = ref_model.model if adapters_off else ref_model
@@ -262,32 +290,38 @@ def get_reference_logprobs(
     if modes: model.eval()
     try:
         with torch.no_grad(), (model.disable_adapter() if adapters_off else contextlib.nullcontext()):
-            out = extractor(model, input_ids, attention_mask, completion_length, temperature=temperature, micro_batch_size=micro_batch_size)
+            out = extractor(model, input_ids, attention_mask, completion_length, temperature=temperature,
+                            micro_batch_size=micro_batch_size)
     finally:
         for m, was_training in modes: m.training = was_training
     if not isinstance(out, Tensor) or tuple(out.shape) != (input_ids.shape[0], completion_length):
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(f"get_reference_logprobs: the log-prob extractor returned {got}, expected ({input_ids.shape[0]}, {completion_length})")
+        raise ValueError(f"get_reference_logprobs: the log-prob extractor returned {got}, "
+                         f"expected ({input_ids.shape[0]}, {completion_length})")
     return out
 
 # %% ../nbs/08_kl.ipynb #f3d314bc
 def _param_pairs(ref_model, policy_model, caller: str) -> list[tuple[Tensor, Tensor]]:
     "(reference, policy) parameter pairs matched by name, checking both models have the same parameters."
     if isinstance(ref_model, AdapterDisabledRef):
-        raise ValueError(f"{caller}: the reference is an AdapterDisabledRef (the policy with LoRA adapters off); it has no weights of its "
-                         "own to update. Use create_reference_model(model, ref_model_fn=create_frozen_copy) for an updatable reference")
+        raise ValueError(f"{caller}: the reference is an AdapterDisabledRef (the policy with LoRA adapters off); "
+                         "it has no weights of its own to update. Use create_reference_model(model, "
+                         "ref_model_fn=create_frozen_copy) for an updatable reference")
     ref, pol = dict(ref_model.named_parameters()), dict(policy_model.named_parameters())
     if ref.keys() != pol.keys():
-        raise ValueError(f"{caller}: the reference and the policy have different parameters, e.g. {sorted(set(ref) ^ set(pol))[:3]}")
+        raise ValueError(f"{caller}: the reference and the policy have different parameters, "
+                         f"e.g. {sorted(set(ref) ^ set(pol))[:3]}")
     for name, r in ref.items():
-        if r.shape != pol[name].shape: raise ValueError(f"{caller}: parameter {name!r} has shape {tuple(r.shape)} in the reference but {tuple(pol[name].shape)} in the policy")
+        if r.shape != pol[name].shape:
+            raise ValueError(f"{caller}: parameter {name!r} has shape {tuple(r.shape)} in the reference "
+                             f"but {tuple(pol[name].shape)} in the policy")
     return [(ref[n], pol[n]) for n in ref]
 
 
 def create_ema_updater(
     decay: float = 0.999,  # weight of the old reference; 1 - decay is the step towards the policy
 ) -> Callable:
-    "An update function moving every reference parameter towards the policy's: ref = decay * ref + (1 - decay) * policy."
+    "An update function moving each reference parameter towards the policy's: ref = decay * ref + (1 - decay) * policy."
     if not 0.0 <= decay <= 1.0: raise ValueError(f"create_ema_updater: `decay` must be in [0, 1], got {decay}")
     def ema_update(ref_model, policy_model, step: int | None = None):
         with torch.no_grad():
@@ -300,8 +334,9 @@ def create_ema_updater(
 def create_periodic_updater(
     update_every: int,  # copy the policy into the reference every this many steps
 ) -> Callable:
-    "An update function copying the policy's parameters into the reference when `step` is a positive multiple of `update_every`."
-    if not isinstance(update_every, int) or update_every < 1: raise ValueError(f"create_periodic_updater: `update_every` must be an int >= 1, got {update_every!r}")
+    "An update function copying the policy into the reference when `step` is a positive multiple of `update_every`."
+    if not isinstance(update_every, int) or update_every < 1:
+        raise ValueError(f"create_periodic_updater: `update_every` must be an int >= 1, got {update_every!r}")
     def periodic_update(ref_model, policy_model, step: int):
         if step > 0 and step % update_every == 0:
             with torch.no_grad():
@@ -316,7 +351,7 @@ def update_reference_model(
     update_fn: Callable | None = None,  # (ref, policy, step) -> ref, or (ref, policy) -> ref; None = no update
     step: int = 0,  # the training step, passed on to update_fn
 ) -> Any:
-    "The updated reference: `update_fn(ref_model, policy_model, step)` (its return value, or `ref_model` if it returns None)."
+    "The updated reference: what `update_fn(ref_model, policy_model, step)` returns, or `ref_model` if that is None."
     if update_fn is None: return ref_model
     try:
         inspect.signature(update_fn).bind(ref_model, policy_model, step)

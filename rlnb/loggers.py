@@ -13,8 +13,9 @@ from typing import Callable, Mapping, Sequence
 from .core import TrainingState, TrainingStats
 
 # %% auto #0
-__all__ = ['metrics_record', 'log_to_console', 'create_jsonl_logger', 'load_metrics', 'update_ema_metrics', 'log_to_wandb',
-           'create_progress_logger', 'plot_metrics', 'load_wandb_metrics', 'create_tensorboard_logger']
+__all__ = ['metrics_record', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger', 'load_metrics', 'drop_metrics_after',
+           'update_ema_metrics', 'log_to_wandb', 'create_progress_logger', 'plot_metrics', 'load_wandb_metrics',
+           'create_tensorboard_logger']
 
 # %% ../nbs/11_loggers.ipynb #05a15ce3
 def metrics_record(state: TrainingState, stats: TrainingStats) -> dict:
@@ -30,17 +31,36 @@ def log_to_console(
     "One line per step: iteration, step, reward, KL, loss (or the evaluation metrics)."
     m = stats.custom_metrics or {}
     if "reward/mean" in m:
-        msg = (f"[iter {state.iteration:4d} | step {state.global_step:4d}] reward {m['reward/mean']:.3f} ± {m.get('reward/std', 0):.3f}"
-               f"  kl {m.get('kl/mean', 0.0):.4f}  loss {stats.loss:+.4f}  grad {stats.grad_norm:.3f}  {m.get('time/step_s', 0):.2f}s")
-    else: msg = f"[iter {state.iteration:4d} | step {state.global_step:4d}] " + "  ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, (int, float)))
+        msg = (f"[iter {state.iteration:4d} | step {state.global_step:4d}] "
+               f"reward {m['reward/mean']:.3f} ± {m.get('reward/std', 0):.3f}"
+               f"  kl {m.get('kl/mean', 0.0):.4f}  loss {stats.loss:+.4f}  grad {stats.grad_norm:.3f}"
+               f"  {m.get('time/step_s', 0):.2f}s")
+    else:
+        msg = (f"[iter {state.iteration:4d} | step {state.global_step:4d}] "
+               + "  ".join(f"{k} {v:.3f}" for k, v in m.items() if isinstance(v, (int, float))))
     (log_fn or print)(msg)
+
+# %% ../nbs/11_loggers.ipynb #a30e7382
+def check_metrics_file(
+    path: str | Path,  # a metrics file rlnb is about to append to or rewrite (it may not exist yet)
+    fn: str = "check_metrics_file",  # who asks, for the message
+) -> Path:
+    "`path` as a Path when rlnb may write it: missing or a regular file; a symbolic link or a folder is a ValueError."
+    path = Path(path)
+    if path.is_symlink():
+        raise ValueError(f"{fn}: the metrics file {str(path)!r} is a symbolic link; rlnb appends to and rewrites its "
+                         "metrics file in place and will not write through a link: give the file's own path")
+    if path.exists() and not path.is_file():
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise ValueError(f"{fn}: the metrics file {str(path)!r} is {what}; move it away or write the metrics elsewhere")
+    return path
 
 # %% ../nbs/11_loggers.ipynb #3445460c
 def create_jsonl_logger(
     path: str | Path,  # the JSONL file; created with its folder, appended to if it exists
 ) -> Callable[[TrainingState, TrainingStats], None]:
-    "A logger appending `metrics_record(state, stats)` as one JSON line to `path`, fsynced; a torn tail is closed first."
-    path = Path(path)
+    "A logger appending `metrics_record(state, stats)` as a JSON line to `path`, fsynced; a torn tail is closed first."
+    path = check_metrics_file(path, "create_jsonl_logger")
     path.parent.mkdir(parents=True, exist_ok=True)
     def log(state: TrainingState, stats: TrainingStats) -> None:
         line = (json.dumps(metrics_record(state, stats), allow_nan=True) + "\n").encode()
@@ -48,7 +68,8 @@ def create_jsonl_logger(
             if f.seek(0, os.SEEK_END) > 0:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":  # a writer was killed mid-line: end that line before ours
-                    warnings.warn(f"create_jsonl_logger: {path} ended in a torn line (a killed writer?); closed it with a newline")
+                    warnings.warn(f"create_jsonl_logger: {path} ended in a torn line (a killed writer?); "
+                                  "closed it with a newline")
                     line = b"\n" + line
             f.write(line)
             f.flush(); os.fsync(f.fileno())
@@ -79,6 +100,44 @@ def load_metrics(
                       "not JSON records (torn writes?)")
     return pd.DataFrame(rows)
 
+# %% ../nbs/11_loggers.ipynb #69687526
+_UNREADABLE = object()  # a line that is not JSON
+
+
+def _parse_line(line: bytes):
+    "A metrics line's JSON value, or _UNREADABLE (a torn write, text, bytes that are not UTF-8)."
+    try: return json.loads(line)
+    except ValueError: return _UNREADABLE  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+
+
+def _logged_after(value, iteration: int) -> bool:
+    "Whether a parsed line is a record rlnb logged (ints `iteration` and `step`) after `iteration`."
+    if not isinstance(value, dict): return False
+    at = (value.get("iteration"), value.get("step"))
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in at) and at[0] > iteration
+
+
+def drop_metrics_after(
+    path: str | Path,  # a run's JSONL metrics file (missing: nothing to do)
+    iteration: int,  # the iteration the run resumes from: rlnb's rows logged after it are dropped
+) -> int:
+    "Rewrite `path` without rlnb's rows logged after `iteration` (and a torn last line); returns how many went."
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise TypeError(f"drop_metrics_after: `iteration` must be an int >= 0, got {iteration!r}")
+    path = check_metrics_file(path, "drop_metrics_after")
+    if not path.exists(): return 0
+    *lines, tail = path.read_bytes().split(b"\n")  # tail: b"" when the file ends with a newline
+    torn = bool(tail.strip()) and _parse_line(tail) is _UNREADABLE  # the dead writer's last row, cut short
+    if tail.strip() and not torn: lines.append(tail)  # a whole record, only missing its newline
+    keep = [line for line in lines if not _logged_after(_parse_line(line), iteration)]
+    if len(keep) == len(lines) and not torn: return 0  # nothing to drop: the file stays as it is
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in keep))
+        f.flush(); os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(lines) - len(keep) + torn
+
 # %% ../nbs/11_loggers.ipynb #8e754590
 def update_ema_metrics(
     current_metrics: Mapping[str, float],  # this step's values
@@ -104,7 +163,8 @@ def log_to_wandb(
     "Log `metrics_record(state, stats)` to Weights & Biases at the current optimizer step."
     try: import wandb
     except ImportError:
-        raise ImportError("log_to_wandb: the optional dependency `wandb` is not installed; `pip install wandb` or use create_jsonl_logger") from None
+        raise ImportError("log_to_wandb: the optional dependency `wandb` is not installed; "
+                          "`pip install wandb` or use create_jsonl_logger") from None
     if wandb.run is None: wandb.init(project=project, entity=entity, **init_kwargs)
     record = metrics_record(state, stats)
     wandb.log({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}, step=record["step"])
@@ -144,7 +204,8 @@ def create_progress_logger(
 ) -> Callable[[TrainingState, TrainingStats], None]:
     "A logger printing plain progress lines: the first iteration, then every `every_frac` or `every_s`, and the last."
     fn = "create_progress_logger"
-    if not isinstance(total, int) or isinstance(total, bool) or total < 1: raise ValueError(f"{fn}: `total` must be an int >= 1, got {total!r}")
+    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+        raise ValueError(f"{fn}: `total` must be an int >= 1, got {total!r}")
     if not every_s >= 0: raise ValueError(f"{fn}: `every_s` must be >= 0, got {every_s!r}")
     if not 0 <= every_frac <= 1: raise ValueError(f"{fn}: `every_frac` must be in [0, 1], got {every_frac!r}")
     out = print_fn or (lambda line: print(line, flush=True))
@@ -197,8 +258,11 @@ def plot_metrics(
     "One panel per metric against `x`; missing columns are skipped. Returns the figure."
     import matplotlib.pyplot as plt
     cols = [m for m in metrics if m in df.columns and df[m].notna().any()]
-    if not cols: raise ValueError(f"plot_metrics: none of {list(metrics)} is a column of `df` (columns: {list(df.columns)})")
-    if axes is None: fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.2), squeeze=False); axes = axes[0]
+    if not cols:
+        raise ValueError(f"plot_metrics: none of {list(metrics)} is a column of `df` (columns: {list(df.columns)})")
+    if axes is None:
+        fig, axes = plt.subplots(1, len(cols), figsize=(4.2 * len(cols), 3.2), squeeze=False)
+        axes = axes[0]
     else: fig = axes[0].figure
     for ax, m in zip(axes, cols):
         d = df[[x, m]].dropna()
@@ -231,7 +295,8 @@ def _wandb_records(path: Path):
             record = wandb_internal_pb2.Record()
             try: record.ParseFromString(part)
             except Exception:
-                if data[pos:].strip(b"\x00"): raise ValueError(f"load_wandb_metrics: {path} is corrupt at byte {pos}") from None
+                if data[pos:].strip(b"\x00"):
+                    raise ValueError(f"load_wandb_metrics: {path} is corrupt at byte {pos}") from None
                 return  # the last record, half written
             yield record
 

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .core import model_device
-from .generation import (_cache_arg, _can_share_prompts, _distinct_prompts, _forward_parameters, _logits_to_keep_arg,
-                             _position_ids, _prefill_prompts)
+from .generation import (_cache_arg, _can_share_prompts, _distinct_prompts, _forward_parameters,
+                             _logits_to_keep_arg, _position_ids, _prefill_prompts)
 
 # %% auto #0
 __all__ = ['compute_logprobs_for_tokens']
@@ -33,7 +33,8 @@ def _token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, with_ent
 def _final_hidden_states(model, capture: bool):
     "While open, record the input of the model's output layer (its final hidden states) at every forward call."
     seen = []
-    handle = model.get_output_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0])) if capture else None
+    handle = (model.get_output_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+              if capture else None)
     try: yield seen
     finally:
         if handle is not None: handle.remove()
@@ -75,28 +76,37 @@ def compute_logprobs_for_tokens(
     temperature: float = 1.0,  # sampling temperature: logits are divided by it
     micro_batch_size: int | None = None,  # rows per forward pass; None = all B at once
     return_entropy: bool = False,  # also return the entropy (B, C) of each position's distribution
-    share_prompts: bool = True,  # run each distinct prompt once and share its KV cache (same result; False = a full pass per row)
-    value_head=None,  # a module (b, C, H) -> (b, C, 1): also return its values of the final hidden states, from the same pass
+    # run each distinct prompt once and share its KV cache (same result; False = a full pass per row)
+    share_prompts: bool = True,
+    value_head=None,  # a module (b, C, H) -> (b, C, 1): also return its values of the final hidden states (same pass)
 ) -> Tensor | tuple:  # logprobs (B, C) [, entropy (B, C)] [, values (B, C)]
     "Log-probs (B, C) of the completion tokens, float32, with gradient unless called under `torch.no_grad()`."
     fn = "compute_logprobs_for_tokens"
-    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2: raise ValueError(f"{fn}: `input_ids` must be a 2-d (B, T) tensor, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"{fn}: `input_ids` must be a 2-d (B, T) tensor, "
+                         f"got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
     B, T = input_ids.shape
     if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
-        raise ValueError(f"{fn}: `attention_mask` has shape {tuple(getattr(attention_mask, 'shape', ()))}, expected {tuple(input_ids.shape)} like `input_ids`")
+        raise ValueError(f"{fn}: `attention_mask` has shape {tuple(getattr(attention_mask, 'shape', ()))}, "
+                         f"expected {tuple(input_ids.shape)} like `input_ids`")
     if isinstance(completion_length, Tensor):
         comp = completion_length
         if comp.dim() != 2 or comp.shape[0] != B or not 1 <= comp.shape[1] < T:
-            raise ValueError(f"{fn}: completion ids have shape {tuple(comp.shape)}, expected ({B}, C) with 1 <= C < {T}")
+            raise ValueError(f"{fn}: completion ids have shape {tuple(comp.shape)}, "
+                             f"expected ({B}, C) with 1 <= C < {T}")
         if not torch.equal(comp.to(input_ids.device), input_ids[:, T - comp.shape[1]:]):
-            raise ValueError(f"{fn}: completion ids differ from the last {comp.shape[1]} columns of `input_ids`; expected collate's layout")
+            raise ValueError(f"{fn}: completion ids differ from the last {comp.shape[1]} columns of `input_ids`; "
+                             "expected collate's layout")
         completion_length = comp.shape[1]
     C = completion_length
     if not isinstance(C, int) or isinstance(C, bool) or not 1 <= C < T:
-        raise ValueError(f"{fn}: `completion_length` is {C!r}; expected an int with 1 <= C < {T} (at least one prompt column)")
-    if not isinstance(temperature, (int, float)) or temperature <= 0: raise ValueError(f"{fn}: `temperature` must be > 0, got {temperature!r}")
+        raise ValueError(f"{fn}: `completion_length` is {C!r}; "
+                         f"expected an int with 1 <= C < {T} (at least one prompt column)")
+    if not isinstance(temperature, (int, float)) or temperature <= 0:
+        raise ValueError(f"{fn}: `temperature` must be > 0, got {temperature!r}")
     mb = B if micro_batch_size is None else micro_batch_size
-    if not isinstance(mb, int) or mb < 1: raise ValueError(f"{fn}: `micro_batch_size` must be an int >= 1 or None, got {micro_batch_size!r}")
+    if not isinstance(mb, int) or mb < 1:
+        raise ValueError(f"{fn}: `micro_batch_size` must be an int >= 1 or None, got {micro_batch_size!r}")
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     vocab = getattr(embeddings, "num_embeddings", None)
     if vocab is not None and input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < vocab:
@@ -119,6 +129,8 @@ def compute_logprobs_for_tokens(
             else: logits = _shared_prompt_logits(model, ids, mask, C, groups, params)
         lp, ent = _token_logprobs(logits, ids[:, -C:], temperature, return_entropy)
         logprobs.append(lp); entropies.append(ent)
-        if value_head is not None: values.append(value_head(_completion_hidden(seen, C, groups).float()).squeeze(-1))  # (b, C)
-    out = (torch.cat(logprobs),) + ((torch.cat(entropies),) if return_entropy else ()) + ((torch.cat(values),) if value_head is not None else ())
+        if value_head is not None:
+            values.append(value_head(_completion_hidden(seen, C, groups).float()).squeeze(-1))  # (b, C)
+    out = ((torch.cat(logprobs),) + ((torch.cat(entropies),) if return_entropy else ())
+           + ((torch.cat(values),) if value_head is not None else ()))
     return out if len(out) > 1 else out[0]

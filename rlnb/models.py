@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/models.html.md"""
 
 # %% ../nbs/02_models.ipynb #a17859c9
 from __future__ import annotations
-import json, math, warnings
+import json, math, os, re, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .cache import load_from_folder
-from .core import ModelConfig, is_peft_model
+from .core import _CONTROL, ModelConfig, is_peft_model
 
 # %% auto #0
 __all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'registered_loader', 'load_model',
@@ -34,7 +34,8 @@ def find_linear_modules(
         parts = name.split(".")
         if not isinstance(module, (nn.Linear, Conv1D)) or module is head or "lm_head" in parts: continue
         if any(p.startswith("lora_") for p in parts): continue  # peft's adapter layers
-        names.add(parts[-2] if parts[-1] == "base_layer" and len(parts) > 1 else parts[-1])  # peft keeps the original as `base_layer`
+        # peft keeps the original as `base_layer`
+        names.add(parts[-2] if parts[-1] == "base_layer" and len(parts) > 1 else parts[-1])
     return sorted(names)
 
 # %% ../nbs/02_models.ipynb #ba28f15d
@@ -47,14 +48,16 @@ def apply_lora(
 ) -> nn.Module:
     "Wrap `model` in a peft LoRA adapter on `target_modules`; only the adapter's parameters require grad afterwards."
     from peft import LoraConfig, get_peft_model
-    if not isinstance(r, int) or isinstance(r, bool) or r < 1: raise ValueError(f"apply_lora: `r` must be a positive int, got {r!r}")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise ValueError(f"apply_lora: `r` must be a positive int, got {r!r}")
     if not 0 <= dropout < 1: raise ValueError(f"apply_lora: `dropout` must be in [0, 1), got {dropout!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
         raise ValueError(f"apply_lora: `alpha` must be a finite number > 0, got {alpha!r}")
     if is_peft_model(model): raise ValueError("apply_lora: `model` already has peft adapters; pass the base model")
     available = find_linear_modules(model)
     if target_modules is None:
-        if not available: raise ValueError(f"apply_lora: {type(model).__name__} has no linear layers to adapt; pass `target_modules`")
+        if not available:
+            raise ValueError(f"apply_lora: {type(model).__name__} has no linear layers to adapt; pass `target_modules`")
         targets = available
     else:
         targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
@@ -63,9 +66,10 @@ def apply_lora(
         names = [n for n, _ in model.named_modules()]
         missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
         if not targets or missing:
-            raise ValueError(f"apply_lora: `target_modules` {missing or targets} match no module of {type(model).__name__}; "
-                             f"its linear projections are {available}")
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none", task_type="CAUSAL_LM")
+            raise ValueError(f"apply_lora: `target_modules` {missing or targets} match no module "
+                             f"of {type(model).__name__}; its linear projections are {available}")
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
+                        task_type="CAUSAL_LM")
     with warnings.catch_warnings():  # peft asks transformers >= 5 for a property it has deprecated; nothing to act on
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return get_peft_model(model, config)
@@ -79,7 +83,9 @@ def _resolve_device(device, fn: str = "load_model") -> torch.device:
     "'auto' -> cuda when available, else cpu; anything else is parsed by torch."
     if device is None or device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try: return torch.device(device)
-    except (RuntimeError, TypeError): raise ValueError(f"{fn}: `device` must be 'auto' or a torch device like 'cpu' or 'cuda:0', got {device!r}") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{fn}: `device` must be 'auto' or a torch device like 'cpu' or 'cuda:0', "
+                         f"got {device!r}") from None
 
 
 def _resolve_dtype(dtype, device: torch.device, fn: str = "load_model") -> torch.dtype:
@@ -90,6 +96,22 @@ def _resolve_dtype(dtype, device: torch.device, fn: str = "load_model") -> torch
     if isinstance(dtype, torch.dtype): return dtype
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES: return _DTYPES[dtype.removeprefix("torch.")]
     raise ValueError(f"{fn}: `dtype` must be 'auto', a torch.dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
+
+
+_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a Hugging Face id: "name" or "namespace/name"
+
+
+def _checked_name(name: str, fn: str = "load_model") -> str:
+    "A name for transformers: not blank, and one that can only be a path ('/', './', '~', 'a/b/c') must exist."
+    if isinstance(name, os.PathLike): name = os.fspath(name)
+    if not isinstance(name, str) or not name.strip() or _CONTROL.search(name):
+        raise ValueError(f"{fn}: `model_name_or_path` must be a Hugging Face id or a local folder, got {name!r}")
+    path = os.path.expanduser(name)  # '~/models/x' is a folder in the home directory
+    if os.path.exists(path): return path
+    if name.startswith(("/", "./", "../", "~")) or (os.sep in name and not _HUB_ID.fullmatch(name)):
+        raise FileNotFoundError(f"{fn}: `model` folder {name!r} does not exist (it is a path, not a Hugging Face "
+                                "id like 'namespace/name')")
+    return name
 
 
 def _load_hf_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -123,25 +145,31 @@ def registered_loader(
 
 # %% ../nbs/02_models.ipynb #4b54f5eb
 def load_model(
-    config: ModelConfig | str | None = None,  # what to load; a string is a `model_name_or_path`; None = ModelConfig() ("tiny")
-    model_loader: Callable[[ModelConfig], nn.Module] | None = None,  # custom loader `config -> model`; None = MODEL_LOADERS or transformers
+    config: ModelConfig | str | None = None,  # what to load; a string is a `model_name_or_path`; None = "tiny"
+    # custom loader `config -> model`; None = MODEL_LOADERS or transformers
+    model_loader: Callable[[ModelConfig], nn.Module] | None = None,
 ) -> nn.Module:
-    "Load a causal LM (a custom loader, a registered name, or transformers), place it, then apply gradient checkpointing and LoRA if asked."
+    "Load a causal LM (custom loader, registry or transformers), place it, add gradient checkpointing, LoRA if asked."
     if config is None: config = ModelConfig()
     if isinstance(config, str): config = ModelConfig(model_name_or_path=config)
-    if not isinstance(config, ModelConfig): raise TypeError(f"load_model: `config` must be a ModelConfig or a str, got {type(config).__name__}")
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"load_model: `config` must be a ModelConfig or a str, got {type(config).__name__}")
     if config.use_lora and (not isinstance(config.lora_r, int) or isinstance(config.lora_r, bool) or config.lora_r < 1):
-        raise ValueError(f"load_model: `config.lora_r` must be a positive int with use_lora=True, got {config.lora_r!r}")
+        raise ValueError(f"load_model: `config.lora_r` must be a positive int with use_lora=True, "
+                         f"got {config.lora_r!r}")
     device = _resolve_device(config.device)
     dtype = _resolve_dtype(config.dtype, device)
     loader = model_loader or registered_loader(MODEL_LOADERS, config.model_name_or_path)
     if loader is not None:
         model = loader(config)
-        if not config.load_in_8bit: model = model.to(device=device, dtype=dtype)  # 8-bit weights are placed by bitsandbytes
+        # 8-bit weights are placed by bitsandbytes
+        if not config.load_in_8bit: model = model.to(device=device, dtype=dtype)
     elif config.model_name_or_path == "tiny":
         raise ValueError("load_model: 'tiny' is not registered in MODEL_LOADERS; `import rlnb.tiny` registers it")
-    else: model = _load_hf_model(config, device, dtype)
-    if config.gradient_checkpointing:  # non-reentrant: works when the inputs do not require grad (frozen embeddings, LoRA)
+    else: model = _load_hf_model(config._replace(model_name_or_path=_checked_name(config.model_name_or_path)),
+                                 device, dtype)
+    # non-reentrant: works when the inputs do not require grad (frozen embeddings, LoRA)
+    if config.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5 name
         if enable is not None: enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -160,10 +188,12 @@ def prepare_tokenizer(
     fn: str = "prepare_tokenizer",  # name used in error messages
 ):
     "Give `tokenizer` a pad token (its EOS token) when it has none, and set its padding side. Returns it."
-    if padding_side not in ("left", "right"): raise ValueError(f"{fn}: `padding_side` must be 'left' or 'right', got {padding_side!r}")
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"{fn}: `padding_side` must be 'left' or 'right', got {padding_side!r}")
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"{fn}: the tokenizer has neither a pad token nor an EOS token; set `tokenizer.pad_token` first")
+            raise ValueError(f"{fn}: the tokenizer has neither a pad token nor an EOS token; "
+                             "set `tokenizer.pad_token` first")
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
     return tokenizer
@@ -171,7 +201,7 @@ def prepare_tokenizer(
 
 # %% ../nbs/02_models.ipynb #a844108c
 def _auto_tokenizer(path: str, trust_remote_code: bool = False):
-    "`AutoTokenizer.from_pretrained`, except that a local checkpoint declaring a generic tokenizer gets exactly its tokenizer.json."
+    "`AutoTokenizer.from_pretrained`, but a local folder declaring a generic tokenizer gets exactly its tokenizer.json."
     import os
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -180,23 +210,28 @@ def _auto_tokenizer(path: str, trust_remote_code: bool = False):
     if os.path.isfile(config_file):
         with open(config_file) as f: declared = json.load(f).get("tokenizer_class")
     generic = ("TokenizersBackend", "PreTrainedTokenizerFast")
-    if declared in generic and type(tokenizer).__name__ not in generic:  # transformers 5 swapped in the model type's class
+    # transformers 5 swapped in the model type's class
+    if declared in generic and type(tokenizer).__name__ not in generic:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     return tokenizer
 
 
 def load_tokenizer(
     config: ModelConfig | str | None = None,  # what to load; a string is a `model_name_or_path`; None = "tiny"
-    tokenizer_loader: Callable[[ModelConfig], Any] | None = None,  # custom loader `config -> tokenizer`; None = TOKENIZER_LOADERS or transformers
+    # custom loader `config -> tokenizer`; None = TOKENIZER_LOADERS or transformers
+    tokenizer_loader: Callable[[ModelConfig], Any] | None = None,
     padding_side: str = "left",  # padding side to set
 ):
-    "Load the tokenizer for `config` (a custom loader, a registered name, or transformers) with a pad token and left padding."
+    "Load `config`'s tokenizer (custom loader, registered name or transformers) with a pad token and left padding."
     if config is None: config = ModelConfig()
     if isinstance(config, str): config = ModelConfig(model_name_or_path=config)
-    if not isinstance(config, ModelConfig): raise TypeError(f"load_tokenizer: `config` must be a ModelConfig or a str, got {type(config).__name__}")
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"load_tokenizer: `config` must be a ModelConfig or a str, got {type(config).__name__}")
     loader = tokenizer_loader or registered_loader(TOKENIZER_LOADERS, config.model_name_or_path)
     if loader is not None: tokenizer = loader(config)
     elif config.model_name_or_path == "tiny":
-        raise ValueError("load_tokenizer: 'tiny' is not registered in TOKENIZER_LOADERS; `import rlnb.tiny` registers it")
-    else: tokenizer = _auto_tokenizer(config.model_name_or_path, config.trust_remote_code)
+        raise ValueError("load_tokenizer: 'tiny' is not registered in TOKENIZER_LOADERS; "
+                         "`import rlnb.tiny` registers it")
+    else: tokenizer = _auto_tokenizer(_checked_name(config.model_name_or_path, "load_tokenizer"),
+                                      config.trust_remote_code)
     return prepare_tokenizer(tokenizer, padding_side, fn="load_tokenizer")

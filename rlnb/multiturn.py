@@ -11,11 +11,13 @@ import inspect, json, math, re, time
 import torch
 from typing import Any, Callable, NamedTuple, Sequence
 
-from .core import Batch, Conversation, Generation, GenerationConfig, Message, Rollout, TrainingConfig, pad_token_id
+from .core import (Batch, Conversation, Generation, GenerationConfig, Message, Rollout, TrainingConfig,
+                       check_tool_calls, pad_token_id)
 from .chat import apply_chat_template
 from .generation import (_can_share_prompts, _encode_prompts, _eos_token_ids, _generate_micro_batch, _generate_rows,
                              _generation_mode, _output_cache, _select_cache_rows, batch_generate, left_pad)
-from .tools import _function_call, _loads, _tool_error, execute_tools, parse_json_tool_calls
+from .tools import (_each_result, _function_call, _loads, _tool_error, _tool_runner,
+                        execute_tools, parse_json_tool_calls)
 from .rollouts import _checked_reward, _prompt_inputs
 
 # %% auto #0
@@ -33,7 +35,7 @@ def parse_tool_calls(
     max_chars: int = 10_000,  # longer calls are rejected without parsing
     max_depth: int = 64,  # deeper [ / { nesting in a JSON body is rejected without parsing
 ) -> list[dict]:
-    "XML-style calls `<tool name=\"calculator\">12*34</tool>`: dicts with name, arguments, raw (and `error` if malformed)."
+    "XML-style calls `<tool name=\"calculator\">12*34</tool>` as dicts: name, arguments, raw (`error` if malformed)."
     if not isinstance(text, str): raise TypeError(f"parse_tool_calls: `text` must be a str, got {type(text).__name__}")
     calls = []
     for match in _XML_TOOL_RE.finditer(text):
@@ -43,12 +45,14 @@ def parse_tool_calls(
         if not closed: calls.append(_tool_error(raw, "unclosed <tool> block (expected </tool>)", max_chars)); continue
         if not named or not (named.group(1) or named.group(2)):
             calls.append(_tool_error(raw, 'expected <tool name="...">arguments</tool>', max_chars)); continue
-        if len(body) > max_chars: calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
+        if len(body) > max_chars:
+            calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
         args = body
         if body.startswith("{"):  # a JSON object: keyword arguments
             try: args = _loads(body, max_depth)
             except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON arguments: {e}", max_chars)); continue
-            if not isinstance(args, dict): calls.append(_tool_error(raw, "JSON arguments must be an object", max_chars)); continue
+            if not isinstance(args, dict):
+                calls.append(_tool_error(raw, "JSON arguments must be an object", max_chars)); continue
         calls.append({"name": named.group(1) or named.group(2), "arguments": args, "raw": raw})
     return calls
 
@@ -56,33 +60,27 @@ def parse_tool_calls(
 _FUNCTION_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")  # Mistral, Llama 3.1
 
 
-def _json_span(text: str, start: int) -> int | None:
-    "End (exclusive) of the bracketed JSON value that starts at text[start], strings skipped; None if it never closes."
+def _json_blocks(text: str, limit: int = 64) -> list[str]:
+    "The outermost closed `{...}` / `[...]` blocks of `text`, in order (at most `limit`): one pass, strings skipped."
+    starts = [0] * limit  # starts[d]: where the open bracket at depth d began (kept for d < limit)
+    found = [[] for _ in range(limit + 1)]  # found[d]: (start, end) of the blocks closed at depth d (0: top level)
     depth, in_string, escaped = 0, False, False
-    for k in range(start, len(text)):
-        ch = text[k]
+    for k, ch in enumerate(text):
         if in_string:
             if escaped: escaped = False
             elif ch == "\\": escaped = True
             elif ch == '"': in_string = False
-        elif ch == '"': in_string = True
-        elif ch in "[{": depth += 1
-        elif ch in "]}":
+        elif ch == '"': in_string = depth > 0  # a quote in the prose around the blocks starts no string
+        elif ch in "[{":
+            if depth < limit: starts[depth], found[depth + 1] = k, []
+            depth += 1
+        elif ch in "]}" and depth:
             depth -= 1
-            if depth == 0: return k + 1
-    return None
-
-
-def _json_blocks(text: str, limit: int = 64) -> list[str]:
-    "The top-level bracketed blocks of `text`, in order (at most `limit` tries)."
-    blocks, i = [], 0
-    for _ in range(limit):
-        starts = [j for j in (text.find("{", i), text.find("[", i)) if j >= 0]
-        if not starts: break
-        end = _json_span(text, min(starts))
-        if end is None: i = min(starts) + 1; continue
-        blocks.append(text[min(starts):end]); i = end
-    return blocks
+            if depth < limit:
+                found[depth + 1] = []  # the blocks inside this one are part of it
+                if len(found[depth]) < limit: found[depth].append((starts[depth], k + 1))
+    # a bracket that never closes is prose: the blocks closed inside it count, in order
+    return [text[a:b] for level in found for a, b in level][:limit]
 
 
 def parse_function_calls(
@@ -90,22 +88,25 @@ def parse_function_calls(
     max_chars: int = 10_000,  # longer calls are rejected without parsing
     max_depth: int = 64,  # deeper [ / { nesting is rejected without parsing
 ) -> list[dict]:
-    "JSON function calls as chat templates write them: `<tool_call>` blocks, `[TOOL_CALLS] [...]`, `<|python_tag|>{...}` or bare JSON."
-    if not isinstance(text, str): raise TypeError(f"parse_function_calls: `text` must be a str, got {type(text).__name__}")
+    "JSON function calls as chat templates write them: `<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>` or bare JSON."
+    if not isinstance(text, str):
+        raise TypeError(f"parse_function_calls: `text` must be a str, got {type(text).__name__}")
     if "<tool_call>" in text: return parse_json_tool_calls(text, max_chars, max_depth)  # Qwen, Hermes
     marker = next((m for m in _FUNCTION_MARKERS if m in text), None)
     body = text.split(marker, 1)[1] if marker else text
     calls = []
     for raw in _json_blocks(body):
         if len(raw) > max_chars:
-            if marker or '"name"' in raw: calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
+            if marker or '"name"' in raw:
+                calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
             continue
         try: value = _loads(raw, max_depth)
         except ValueError as e:
             if marker or '"name"' in raw: calls.append(_tool_error(raw, f"invalid JSON: {e}", max_chars))
             continue  # prose with brackets in it, not a call
         items = value if isinstance(value, list) else [value]
-        if not marker and not (items and all(isinstance(x, dict) and ("name" in x or "function" in x) for x in items)): continue
+        if not marker and not (items and all(isinstance(x, dict) and ("name" in x or "function" in x) for x in items)):
+            continue
         calls += [_function_call(x, raw, max_chars, max_depth) for x in items]
     if marker and not calls: calls.append(_tool_error(body.strip(), f"no JSON call after {marker}", max_chars))
     return calls
@@ -114,7 +115,7 @@ def parse_function_calls(
 def chat_template_tool_parser(
     tokenizer,  # a tokenizer whose chat template may render tool calls
 ) -> Callable[[str], list[dict]]:
-    "The parser for the format the chat template teaches: `parse_function_calls` if it renders JSON tool calls, else `parse_tool_calls`."
+    "Parser for the chat template's format: `parse_function_calls` if it renders JSON calls, else `parse_tool_calls`."
     template = str(getattr(tokenizer, "chat_template", None) or "")
     json_style = any(mark in template for mark in ("tool_call", "[TOOL_CALLS]", "python_tag"))
     return parse_function_calls if json_style else parse_tool_calls
@@ -124,22 +125,23 @@ def execute_and_track_tools(
     tool_calls: Sequence[dict],  # parsed calls
     tool_executor: Callable[[dict], Any] | None = None,  # custom `call -> result`; None = look the name up in `tools`
     tools: dict[str, Callable] | None = None,  # name -> python function, for the default executor
-    timeout_s: float | None = 10.0,  # seconds per call (run in a child process killed at the timeout); None = in process
+    timeout_s: float | None = 10.0,  # seconds per call (in a child process killed at the timeout); None = in process
     result_tracker: Callable[[dict, dict], dict | None] | None = None,  # (call, result) -> extra fields for the result
 ) -> list[dict]:
-    "`execute_tools`, each result with its wall time `time_s` (and whatever `result_tracker` adds)."
+    "`execute_tools` (at most MAX_TOOL_CALLS run), each result with its wall time `time_s` and `result_tracker`'s."
     if result_tracker is not None and not callable(result_tracker):
         raise TypeError(f"execute_and_track_tools: `result_tracker` must be a function (call, result) -> dict, "
                         f"got {type(result_tracker).__name__}")
-    results = []
-    for call in tool_calls:
-        start = time.perf_counter()
-        result = execute_tools([call], tool_executor=tool_executor, tools=tools, timeout_s=timeout_s)[0]
+    calls, run = _tool_runner("execute_and_track_tools", tool_calls, tool_executor, tools, timeout_s)
+    results, start = [], time.perf_counter()
+    for call, result in _each_result(calls, run, timeout_s):  # each call runs when the loop asks for it: timed
         result = {**result, "time_s": time.perf_counter() - start}
         extra = result_tracker(call, result) if result_tracker is not None else None
         if extra is not None and not isinstance(extra, dict):
-            raise TypeError(f"execute_and_track_tools: `result_tracker` must return a dict or None, got {type(extra).__name__}")
+            raise TypeError(f"execute_and_track_tools: `result_tracker` must return a dict or None, "
+                            f"got {type(extra).__name__}")
         results.append({**result, **(extra or {})})
+        start = time.perf_counter()
     return results
 
 # %% ../nbs/09c_multiturn.ipynb #9104480c
@@ -157,10 +159,10 @@ def _own_column(name: str, tool_names: Sequence[str] | None, seen: list) -> bool
 
 def track_tool_calls(
     rollouts,  # a Batch or list of Rollouts with `tool_calls` and `tool_results`
-    tool_tracker: Callable[[dict, dict], dict] | None = None,  # (call, result) -> {name: number}, summed like the counts
+    tool_tracker: Callable[[dict, dict], dict] | None = None,  # (call, result) -> {name: number}, summed like counts
     tool_names: Sequence[str] | None = None,  # the tools on offer (others count as "<other>"); None: the first 20 names
 ) -> dict[str, float]:
-    "Tool-use metrics of a batch: calls and errors per episode, the share of episodes that call a tool, time per call, per tool."
+    "Tool-use metrics of a batch: calls and errors per episode, share of episodes with calls, time per call; per tool."
     rollouts = rollouts.rollouts if isinstance(rollouts, Batch) else list(rollouts)
     if not rollouts: raise ValueError("track_tool_calls: `rollouts` is empty")
     totals: dict[str, float] = {}
@@ -174,15 +176,19 @@ def track_tool_calls(
             failed = bool(result.get("error") or call.get("error"))
             for key, v in (("calls", 1), ("errors", failed), ("time_s", result.get("time_s", 0.0))):
                 add(f"tools/{key}", v); add(f"tools/{name}/{key}", v)
-            for key, v in (tool_tracker(call, result) if tool_tracker is not None else {}).items(): add(f"tools/{key}", v)
+            for key, v in (tool_tracker(call, result) if tool_tracker is not None else {}).items():
+                add(f"tools/{key}", v)
     calls = totals.get("tools/calls", 0.0)
     out = {"tools/calls_per_episode": calls / len(rollouts), "tools/episodes_with_calls": using / len(rollouts),
            "tools/error_rate": totals.get("tools/errors", 0.0) / calls if calls else 0.0,
            "tools/time_per_call_s": totals.get("tools/time_s", 0.0) / calls if calls else 0.0}
     for key, v in totals.items():
-        if key.endswith(("/calls", "/errors")) and key not in ("tools/calls", "tools/errors"): out[key] = v / len(rollouts)
-        elif key.endswith("/time_s") and key != "tools/time_s": out[key] = v / max(totals[key[:-len("time_s")] + "calls"], 1.0)
-        elif not key.endswith(("/calls", "/errors", "/time_s")): out[key] = v / len(rollouts)
+        if key.endswith(("/calls", "/errors")) and key not in ("tools/calls", "tools/errors"):
+            out[key] = v / len(rollouts)
+        elif key.endswith("/time_s") and key != "tools/time_s":
+            out[key] = v / max(totals[key[:-len("time_s")] + "calls"], 1.0)
+        elif not key.endswith(("/calls", "/errors", "/time_s")):
+            out[key] = v / len(rollouts)
     return out
 
 # %% ../nbs/09c_multiturn.ipynb #bf26f56d
@@ -192,15 +198,15 @@ class EnvStep(NamedTuple):
     done: bool = False  # the episode ends after this turn
     reward: float = 0.0  # reward for this turn; an episode's environment reward is the sum over its turns
     state: Any = None  # the environment's state, handed to its next `step`
-    info: dict | None = None  # kept per turn in the rollout's metadata; lists under "tool_calls" / "tool_results" are collected
+    info: dict | None = None  # kept per turn in metadata; lists under "tool_calls" / "tool_results" are collected
 
 # %% ../nbs/09c_multiturn.ipynb #129fc737
 class Environment(NamedTuple):
-    "An environment as functions: `reset(conversation, answer) -> state`, then `step(state, conversation) -> EnvStep` per turn."
+    "An environment: `reset(conversation, answer) -> state`, then `step(state, conversation) -> EnvStep` per turn."
     step: Callable  # (state, conversation ending with the assistant's message) -> EnvStep
-    reset: Callable | None = None  # (opening conversation, reference answer) -> first state; None = the state starts as None
+    reset: Callable | None = None  # (opening conversation, reference answer) -> first state; None = first state is None
     name: str = "environment"  # shown in metrics and errors
-    tools: tuple = ()  # names of the tools it offers: per-tool metrics for these, "<other>" for misspelt ones; () = any name
+    tools: tuple = ()  # names of the tools it offers: per-tool metrics for these, "<other>" for others; () = any name
 
 # %% ../nbs/09c_multiturn.ipynb #77c09f34
 def create_tool_environment(
@@ -212,16 +218,18 @@ def create_tool_environment(
     max_tool_calls: int | None = None,  # tool budget per episode: a turn that goes over it ends the episode unrun
     tool_cost: float = 0.0,  # reward subtracted per tool call run
 ) -> Environment:
-    "The tool-use environment: the model's calls run and their results come back as tool messages; a turn without calls ends it."
+    "Tool-use environment: the model's calls run, their results return as tool messages; a turn without calls ends it."
     if tools is None and tool_executor is None:
         raise TypeError("create_tool_environment: pass `tools` (a dict name -> function) or a `tool_executor`")
-    if max_tool_calls is not None and (isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int) or max_tool_calls < 0):
-        raise ValueError(f"create_tool_environment: `max_tool_calls` must be an int >= 0 or None, got {max_tool_calls!r}")
+    if max_tool_calls is not None and (isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int)
+                                       or max_tool_calls < 0):
+        raise ValueError(f"create_tool_environment: `max_tool_calls` must be an int >= 0 or None, "
+                         f"got {max_tool_calls!r}")
     parse = tool_parser or parse_tool_calls
 
     def step(used, conversation: Conversation) -> EnvStep:
         used = used or 0
-        calls = list(parse(conversation.messages[-1].content))
+        calls = check_tool_calls(parse(conversation.messages[-1].content), "create_tool_environment")
         if not calls: return EnvStep(done=True, state=used)  # an answer, not a call
         if max_tool_calls is not None and used + len(calls) > max_tool_calls:
             return EnvStep(done=True, state=used, info={"over_budget": len(calls)})
@@ -233,8 +241,9 @@ def create_tool_environment(
 
 # %% ../nbs/09c_multiturn.ipynb #a45be838
 def _context_limit(model, tokenizer) -> int:
-    "The longest prompt + completion stream the model can read: its position limit, the tokenizer's, whichever is smaller."
-    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    "The longest prompt + completion stream the model can read: the smaller of its position limit and the tokenizer's."
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
     limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**8]
     return min(limits) if limits else 10**8
 
@@ -245,49 +254,55 @@ def _checked_step(env: Environment, out, where: str) -> EnvStep:
     if not isinstance(out, EnvStep): raise TypeError(f"{where} returned a {type(out).__name__}; expected an EnvStep")
     msgs = out.messages
     bad = next((m for m in msgs if not isinstance(m, Message)), None) if isinstance(msgs, (tuple, list)) else msgs
-    if bad is not None: raise TypeError(f"{where} must return EnvStep.messages as a tuple of Messages, got {bad!r}"[:300])
+    if bad is not None:
+        raise TypeError(f"{where} must return EnvStep.messages as a tuple of Messages, got {bad!r}"[:300])
     if isinstance(out.reward, bool) or not isinstance(out.reward, (int, float)) or not math.isfinite(out.reward):
         raise ValueError(f"{where} returned reward {out.reward!r}; expected a finite number")
     return out
 
 
 def _plain(conversation: Conversation) -> Conversation:
-    "The conversation as the template should render it: assistant turns as the text sampled, parsed calls not re-rendered."
+    "The conversation as the template should render it: assistant turns as sampled, parsed calls not re-rendered."
     return conversation._replace(messages=tuple(m._replace(tool_calls=None) for m in conversation.messages))
 
 
 def _episode(prompt_index: int, sample_index: int, conversation: Conversation, text: str, state) -> dict:
     "One conversation's working record while the batch advances turn by turn."
-    return {"p": prompt_index, "k": sample_index, "conv": conversation, "text": text, "state": state, "ids": [], "mask": [],
-            "lps": [], "turns": [], "calls": [], "results": [], "env_reward": 0.0, "finish": None, "last": ""}
+    return {"p": prompt_index, "k": sample_index, "conv": conversation, "text": text, "state": state,
+            "ids": [], "mask": [], "lps": [], "turns": [], "calls": [], "results": [],
+            "env_reward": 0.0, "finish": None, "last": ""}
 
 # %% ../nbs/09c_multiturn.ipynb #54abff36
 _MARK = "\ue000{}\ue001"  # private-use characters standing for message k's content while the template renders
 
 
-def _tokenize_inserted(tokenizer, render: Callable, conv: Conversation, messages: Sequence, prefix: str, text: str) -> list[int]:
+def _tokenize_inserted(tokenizer, render: Callable, conv: Conversation, messages: Sequence, prefix: str,
+                       text: str) -> list[int]:
     "Ids of `text` (what follows `prefix`): template tokens as usual, the messages' contents as plain text."
     base = conv.messages[:len(conv.messages) - len(messages)]
     marked = conv._replace(messages=base + tuple(m._replace(content=_MARK.format(k)) for k, m in enumerate(messages)))
     pieces = re.split("\ue000(\\d+)\ue001", render(_plain(marked))[len(prefix):])  # template, k, template, k, ...
     contents = [messages[int(k)].content for k in pieces[1::2]]
-    ids = lambda piece, plain: tokenizer(piece, add_special_tokens=False, split_special_tokens=plain)["input_ids"] if piece else []
-    if "".join(p if i % 2 == 0 else contents[i // 2] for i, p in enumerate(pieces)) != text:  # a template that edits contents
+    ids = lambda piece, plain: (tokenizer(piece, add_special_tokens=False, split_special_tokens=plain)["input_ids"]
+                                if piece else [])
+    # a template that edits contents
+    if "".join(p if i % 2 == 0 else contents[i // 2] for i, p in enumerate(pieces)) != text:
         return ids(text, False)
     return [t for i, p in enumerate(pieces) for t in (ids(p, False) if i % 2 == 0 else ids(contents[i // 2], True))]
 
 
 def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: set, room: int) -> bool:
-    "Append the template tokens that close the assistant's turn, the environment's messages and the next assistant header."
+    "Append the template tokens closing the assistant's turn, the environment's messages and the next assistant header."
     conv = e["conv"]
     for m in step.messages: conv = conv.add_message(m)
     new_text = render(_plain(conv))
     prefix = e["text"] + e["last"]
     if not new_text.startswith(prefix):
-        raise ValueError("create_multiturn_rollout: the chat template does not render the conversation as a growing prefix "
-                         "(the assistant's text changed when re-rendered); pass a `template_fn` that does")
+        raise ValueError("create_multiturn_rollout: the chat template does not render the conversation as a growing "
+                         "prefix (the assistant's text changed when re-rendered); pass a `template_fn` that does")
     delta = _tokenize_inserted(tokenizer, render, conv, step.messages, prefix, new_text[len(prefix):])
-    if e["ids"] and e["ids"][-1] in eos_ids and delta and delta[0] == e["ids"][-1]: delta = delta[1:]  # the EOS the model sampled
+    if e["ids"] and e["ids"][-1] in eos_ids and delta and delta[0] == e["ids"][-1]:
+        delta = delta[1:]  # the EOS the model sampled
     if len(delta) >= room: return False  # no room left for the model to answer
     e["ids"] += delta; e["mask"] += [0] * len(delta); e["pending"] = delta
     if e["lps"] is not None: e["lps"] += [0.0] * len(delta)  # not sampled: never trained (mask 0)
@@ -298,27 +313,33 @@ def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: se
 def _chunk_turn(model, tokenizer, chunk: dict, prompt_ids: list, cfg: GenerationConfig, turn: int, pad_id: int,
                 eos_ids: list[int]) -> list[tuple[dict, Generation]]:
     "One turn for a chunk of episodes that keeps their KV cache: only each episode's new tokens go through the model."
-    with _generation_mode(model): return _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids)
+    with _generation_mode(model):
+        return _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids)
 
 
 def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids) -> list[tuple[dict, Generation]]:
     if turn == 0:  # the prompts, n episodes each, as batch_generate samples them (one prefill per distinct prompt)
         episodes = [e for e in chunk["episodes"] if e["finish"] is None]
         if not episodes: return []
-        prompts = list(dict.fromkeys(e["p"] for e in episodes))  # a prompt's n episodes start (or are too long) together
-        gens, out, mask = _generate_micro_batch(model, tokenizer, [prompt_ids[p] for p in prompts], cfg, pad_id, eos_ids)
+        # a prompt's n episodes start (or are too long) together
+        prompts = list(dict.fromkeys(e["p"] for e in episodes))
+        gens, out, mask = _generate_micro_batch(model, tokenizer, [prompt_ids[p] for p in prompts], cfg, pad_id,
+                                                eos_ids)
     else:
         rows = [j for j, e in enumerate(chunk["episodes"]) if e["finish"] is None]
         if not rows: return []
         index = torch.tensor(rows, device=chunk["seq"].device)
         episodes = [chunk["episodes"][j] for j in rows]
-        new_ids, new_mask = left_pad([e["pending"] for e in episodes], pad_id, chunk["seq"].device)  # (A, D) tokens since last turn
-        input_ids, mask = torch.cat([chunk["seq"][index], new_ids], 1), torch.cat([chunk["mask"][index], new_mask], 1)  # (A, W+D)
-        gens, out = _generate_rows(model, tokenizer, input_ids, mask, cfg._replace(num_return_sequences=1), pad_id, eos_ids,
-                                   _select_cache_rows(chunk["cache"], index))
+        # (A, D) tokens since last turn
+        new_ids, new_mask = left_pad([e["pending"] for e in episodes], pad_id, chunk["seq"].device)
+        input_ids, mask = (torch.cat([chunk["seq"][index], new_ids], 1),
+                           torch.cat([chunk["mask"][index], new_mask], 1))  # (A, W+D)
+        gens, out = _generate_rows(model, tokenizer, input_ids, mask, cfg._replace(num_return_sequences=1), pad_id,
+                                   eos_ids, _select_cache_rows(chunk["cache"], index))
     lengths = torch.tensor([len(g.token_ids) for g in gens], device=mask.device)  # (R,) tokens each row keeps
     L = out.sequences.shape[1] - mask.shape[1]
-    kept = (torch.arange(L, device=mask.device)[None, :] < lengths[:, None]).to(mask.dtype)  # (R, L): what follows a row's end is never read
+    # (R, L): what follows a row's end is never read
+    kept = (torch.arange(L, device=mask.device)[None, :] < lengths[:, None]).to(mask.dtype)
     chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=_output_cache(out))
     return list(zip(episodes, gens))
 
@@ -328,14 +349,14 @@ def create_multiturn_rollout(
     tokenizer,  # its tokenizer (chat template, pad and EOS ids)
     prompts: Sequence,  # strings, records with `.prompt`/`.answer` (e.g. TaskExample), or Conversations
     gen_config: GenerationConfig,  # sampling per turn; `num_return_sequences` episodes per prompt (the group)
-    env: Environment | None = None,  # what answers each assistant turn; None = `create_tool_environment` from the tool arguments
+    env: Environment | None = None,  # what answers each turn; None = `create_tool_environment` from the tool arguments
     tools: dict[str, Callable] | None = None,  # name -> function, for the default tool environment
-    tool_parser: Callable[[str], list[dict]] | None = None,  # text -> calls; None = `chat_template_tool_parser(tokenizer)`
+    tool_parser: Callable[[str], list[dict]] | None = None,  # text -> calls; None = `chat_template_tool_parser`
     tool_executor: Callable[[dict], Any] | None = None,  # call -> result, for the default tool environment
-    stop_condition: Callable[[Conversation], bool] | None = None,  # (conversation) -> True ends the episode after a turn
+    stop_condition: Callable[[Conversation], bool] | None = None,  # conversation -> True ends the episode after a turn
     max_turns: int = 3,  # assistant turns per episode at most
-    max_total_tokens: int | None = None,  # budget of the whole completion stream (sampled + inserted tokens); None = context only
-    reward_fn: Callable | None = None,  # rollout -> reward (reads the final answer in `generation.text`); None = the env's reward
+    max_total_tokens: int | None = None,  # budget for all completion tokens (sampled + inserted); None = context only
+    reward_fn: Callable | None = None,  # rollout -> reward (final answer: `generation.text`); None = the env's reward
     timeout_s: float | None = 10.0,  # seconds per tool call, for the default tool environment
     answers: Sequence | None = None,  # one reference answer per prompt (overrides records' `.answer`)
     system_prompt: str | None = None,  # system message for plain-string prompts
@@ -343,7 +364,7 @@ def create_multiturn_rollout(
     generator: Callable | None = None,  # custom generation backend, passed on to `batch_generate`
     batch_size: int | None = None,  # prompts per generation call (with all their episodes); None = 64
 ) -> Batch:
-    "Episodes of several turns for a batch of prompts: every turn is one batched generation over the episodes still running."
+    "Multi-turn episodes for a batch of prompts: every turn is one batched generation over the episodes still running."
     fn = "create_multiturn_rollout"
     if not isinstance(gen_config, GenerationConfig):
         raise TypeError(f"{fn}: `gen_config` must be a GenerationConfig, got {type(gen_config).__name__}")
@@ -352,9 +373,10 @@ def create_multiturn_rollout(
     if max_total_tokens is not None and not is_count(max_total_tokens):
         raise ValueError(f"{fn}: `max_total_tokens` must be an int >= 1 or None, got {max_total_tokens!r}")
     if env is None:
-        env = create_tool_environment(tools or ({} if tool_executor is None else None), tool_parser or chat_template_tool_parser(tokenizer),
-                                      tool_executor, timeout_s)
-    elif not isinstance(env, Environment): raise TypeError(f"{fn}: `env` must be an Environment, got {type(env).__name__}")
+        env = create_tool_environment(tools or ({} if tool_executor is None else None),
+                                      tool_parser or chat_template_tool_parser(tokenizer), tool_executor, timeout_s)
+    elif not isinstance(env, Environment):
+        raise TypeError(f"{fn}: `env` must be an Environment, got {type(env).__name__}")
     elif tools is not None or tool_parser is not None or tool_executor is not None:
         raise ValueError(f"{fn}: pass either `env` or the tool arguments (tools, tool_parser, tool_executor), not both")
     n = gen_config.num_return_sequences
@@ -366,16 +388,21 @@ def create_multiturn_rollout(
     episodes = [_episode(i, k, convs[i], texts[i], env.reset(convs[i], answers[i]) if env.reset else None)
                 for i in range(len(texts)) for k in range(n)]  # prompt-major, like create_batch_rollouts
     kw = {} if batch_size is None else {"batch_size": batch_size}
-    reuse = generator is None and _can_share_prompts(model, gen_config.custom_params)  # keep each episode's KV cache between turns
+    # keep each episode's KV cache between turns
+    reuse = generator is None and _can_share_prompts(model, gen_config.custom_params)
     size, pad_id = batch_size or 64, pad_token_id(tokenizer, fn)
-    chunks = [{"episodes": episodes[i * n:(i + size) * n]} for i in range(0, len(texts), size)]  # `size` prompts' episodes each
+    # `size` prompts' episodes each
+    chunks = [{"episodes": episodes[i * n:(i + size) * n]} for i in range(0, len(texts), size)]
     for turn in range(max_turns):
         for e in episodes:
             if e["finish"] is None and room(e) < 1: e["finish"] = "length"
         active = [e for e in episodes if e["finish"] is None]
         if not active: break
-        cfg = gen_config._replace(max_new_tokens=min(gen_config.max_new_tokens, max(room(e) for e in active)), logprobs=True)
-        if reuse: pairs = [pair for c in chunks for pair in _chunk_turn(model, tokenizer, c, prompt_ids, cfg, turn, pad_id, sorted(eos_ids))]
+        cfg = gen_config._replace(max_new_tokens=min(gen_config.max_new_tokens, max(room(e) for e in active)),
+                                  logprobs=True)
+        if reuse:
+            pairs = [pair for c in chunks
+                     for pair in _chunk_turn(model, tokenizer, c, prompt_ids, cfg, turn, pad_id, sorted(eos_ids))]
         elif turn == 0:  # n episodes per prompt; prompts too long to start are not sent
             starting = [i for i in range(len(texts)) if episodes[i * n]["finish"] is None]
             gens = batch_generate(model, tokenizer, [prompt_ids[i] for i in starting], cfg, generator=generator, **kw)
@@ -400,7 +427,8 @@ def create_multiturn_rollout(
                 msgs = e["conv"].messages
                 e["conv"] = e["conv"]._replace(messages=msgs[:-1] + (msgs[-1]._replace(tool_calls=calls),))
             e["calls"] += calls; e["results"] += results; e["env_reward"] += float(step.reward); e["state"] = step.state
-            e["turns"].append({**info, "finish_reason": reason, "tokens": len(ids), "tool_calls": len(calls), "reward": float(step.reward)})
+            e["turns"].append({**info, "finish_reason": reason, "tokens": len(ids), "tool_calls": len(calls),
+                               "reward": float(step.reward)})
             if step.done or (stop_condition is not None and stop_condition(e["conv"])): e["finish"] = "stop"
             elif turn == max_turns - 1: e["finish"] = "max_turns"
             elif not _close_turn(e, step, render, tokenizer, eos_ids, room(e)): e["finish"] = "length"
@@ -414,14 +442,17 @@ def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, r
         reason = e["finish"] or "max_turns"
         meta = {"prompt_index": e["p"], "sample_index": e["k"], "question": questions[e["p"]], "finish_reason": reason,
                 "turns": e["turns"], "num_turns": len(e["turns"]), "env_reward": e["env_reward"],
-                "tools": track_tool_calls([Rollout("", tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]))], tool_names=tool_names)}
-        gen = Generation(text=e["last"], token_ids=list(e["ids"]), logprobs=e["lps"], finish_reason=reason)  # text: the final turn
+                "tools": track_tool_calls([Rollout("", tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]))],
+                                          tool_names=tool_names)}
+        # text: the final turn
+        gen = Generation(text=e["last"], token_ids=list(e["ids"]), logprobs=e["lps"], finish_reason=reason)
         rollouts.append(Rollout(
             prompt=texts[e["p"]], generation=gen, prompt_token_ids=list(prompt_ids[e["p"]]), token_ids=list(e["ids"]),
             loss_mask=list(e["mask"]), logprobs=e["lps"], rewards=e["env_reward"], conversation=e["conv"],
             tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]), group_index=e["p"], answer=answers[e["p"]],
             status="completed" if reason == "stop" else "truncated", metadata=meta))
-    if reward_fn is not None: rollouts = [r._replace(rewards=_checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
+    if reward_fn is not None:
+        rollouts = [r._replace(rewards=_checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
     count = lambda reason: sum(e["finish"] == reason for e in episodes) / len(episodes)
     metrics = {"multiturn/turns": sum(len(e["turns"]) for e in episodes) / len(episodes),
                "multiturn/length_frac": count("length"), "multiturn/max_turns_frac": count("max_turns"),
@@ -429,18 +460,21 @@ def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, r
                "multiturn/policy_tokens": sum(sum(e["mask"]) for e in episodes) / len(episodes),
                "multiturn/env_reward": sum(e["env_reward"] for e in episodes) / len(episodes),
                **track_tool_calls(rollouts, tool_names=tool_names)}
-    return Batch(rollouts, {"num_prompts": len(texts), "group_size": gen_config.num_return_sequences, "gen_config": gen_config, **metrics})
+    return Batch(rollouts, {"num_prompts": len(texts), "group_size": gen_config.num_return_sequences,
+                            "gen_config": gen_config, **metrics})
 
 # %% ../nbs/09c_multiturn.ipynb #54bad887
 def create_multiturn_rollout_fn(
     env: Environment | None = None,  # see `create_multiturn_rollout`
     max_turns: int = 3,  # assistant turns per episode at most
-    **kwargs,  # anything else `create_multiturn_rollout` takes: tools, tool_parser, tool_executor, stop_condition, reward_fn, ...
+    **kwargs,  # anything else `create_multiturn_rollout` takes: tools, tool_parser, stop_condition, reward_fn, ...
 ) -> Callable:
-    "A `rollout_fn(model, tokenizer, prompts, config) -> Batch` for `train`: multi-turn episodes, `config.group_size` per prompt."
+    "A `rollout_fn(model, tokenizer, prompts, config) -> Batch` for `train`: `config.group_size` episodes per prompt."
     per_call = {"model", "tokenizer", "prompts", "gen_config", "env", "max_turns"}  # given by `train`, or named above
     bad = set(kwargs) - (set(inspect.signature(create_multiturn_rollout).parameters) - per_call)
-    if bad: raise TypeError(f"create_multiturn_rollout_fn: unexpected argument(s) {sorted(bad)}; see create_multiturn_rollout")
+    if bad:
+        raise TypeError(f"create_multiturn_rollout_fn: unexpected argument(s) {sorted(bad)}; "
+                        "see create_multiturn_rollout")
     def rollout_fn(model, tokenizer, prompts, config: TrainingConfig) -> Batch:
         gen_config = GenerationConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                       num_return_sequences=config.group_size)

@@ -31,7 +31,9 @@ def create_value_head(
     if H is None:
         out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         H = getattr(out, "in_features", None)
-    if not isinstance(H, int): raise ValueError("create_value_head: cannot tell the hidden size of `model` (no config.hidden_size and no output layer)")
+    if not isinstance(H, int):
+        raise ValueError("create_value_head: cannot tell the hidden size of `model` "
+                         "(no config.hidden_size and no output layer)")
     head = nn.Linear(H, 1, device=model_device(model), dtype=torch.float32)
     nn.init.zeros_(head.weight); nn.init.zeros_(head.bias)
     return head
@@ -45,7 +47,8 @@ def add_value_head(
     if state.value_head is not None: return state
     head = create_value_head(state.model) if value_head is None else value_head
     if state.optimizer is not None:
-        settings = {k: v for k, v in state.optimizer.param_groups[0].items() if k != "params"}  # lr, betas, weight decay, ...
+        # lr, betas, weight decay, ...
+        settings = {k: v for k, v in state.optimizer.param_groups[0].items() if k != "params"}
         state.optimizer.add_param_group({**settings, "params": [p for p in head.parameters() if p.requires_grad]})
         sched = state.scheduler
         if sched is not None and hasattr(sched, "lr_lambdas"):  # LambdaLR: the new group follows the policy's schedule
@@ -63,12 +66,14 @@ def compute_token_rewards(
     fn = "compute_token_rewards"
     _check_2d(fn, "loss_mask", loss_mask)
     r = _rewards_1d(fn, rewards).to(loss_mask.device)
-    if r.shape[0] != loss_mask.shape[0]: raise ValueError(f"{fn}: {r.shape[0]} rewards for {loss_mask.shape[0]} rows of `loss_mask`")
+    if r.shape[0] != loss_mask.shape[0]:
+        raise ValueError(f"{fn}: {r.shape[0]} rewards for {loss_mask.shape[0]} rows of `loss_mask`")
     _check_number(fn, "beta", beta)
     keep = loss_mask > 0  # (B, C)
     last = keep & (keep.cumsum(1) == keep.sum(1, keepdim=True))  # (B, C): the last generated token of each row
     out = torch.where(last, r[:, None], 0.0)  # (B, C)
-    if kl is not None and beta > 0: out = out - beta * torch.where(keep, _check_2d(fn, "kl", kl, tuple(keep.shape)).float(), 0.0)
+    if kl is not None and beta > 0:
+        out = out - beta * torch.where(keep, _check_2d(fn, "kl", kl, tuple(keep.shape)).float(), 0.0)
     return out
 
 # %% ../nbs/10d_ppo.ipynb #37fa3be6
@@ -83,7 +88,8 @@ def compute_gae(
     fn = "compute_gae"
     _check_2d(fn, "token_rewards", token_rewards)
     B, C = token_rewards.shape
-    _check_2d(fn, "values", values, (B, C), like="token_rewards"); _check_2d(fn, "loss_mask", loss_mask, (B, C), like="token_rewards")
+    _check_2d(fn, "values", values, (B, C), like="token_rewards")
+    _check_2d(fn, "loss_mask", loss_mask, (B, C), like="token_rewards")
     for name, x in (("gamma", gamma), ("lam", lam)):
         _check_number(fn, name, x)
         if x > 1: raise ValueError(f"{fn}: `{name}` must be in [0, 1], got {x!r}")
@@ -104,7 +110,7 @@ def compute_gae(
 
 # %% ../nbs/10d_ppo.ipynb #0769fc5a
 def _masked_whiten(x: Tensor, keep: Tensor, eps: float = 1e-8) -> Tensor:
-    "(x - mean) / std over the masked entries (Bessel's correction), 0 elsewhere; only centred when fewer than 2 entries."
+    "(x - mean) / std over the masked entries (Bessel-corrected), 0 elsewhere; only centred when fewer than 2 entries."
     n = keep.sum()
     mean = torch.where(keep, x, 0.0).sum() / n.clamp(min=1)
     centred = torch.where(keep, x - mean, 0.0)
@@ -123,27 +129,33 @@ def compute_ppo_advantages(
     gamma: float = 1.0,  # discount per policy token
     lam: float = 0.95,  # GAE's lambda
     beta: float = 0.0,  # KL weight (where it goes: kl_penalty)
-    kl_penalty: str = "reward",  # "reward": -beta KL_t in every token's reward (classic RLHF); "loss": beta KL in the loss
+    # "reward": -beta KL_t in every token's reward (classic RLHF); "loss": beta KL in the loss
+    kl_penalty: str = "reward",
     kl_fn: Callable | None = None,  # (logprobs, ref_logprobs) -> (B, C) per-token KL for the reward penalty; None = k1
     whiten: bool = True,  # normalise advantages to mean 0, std 1 over the batch's tokens
-    value_fn: Callable | None = None,  # (rewards (B,), group_ids (B,), loss_mask (B, C)) -> (B, C) values instead of old_values
+    # (rewards (B,), group_ids (B,), loss_mask (B, C)) -> (B, C) values instead of old_values
+    value_fn: Callable | None = None,
 ) -> tuple[Tensor, Tensor]:  # advantages (B, C), returns (B, C)
     "PPO's advantages: token rewards (reward at the end, optional KL penalty), GAE over the policy's tokens, whitening."
     fn = "compute_ppo_advantages"
     if loss_mask is None: raise ValueError(f"{fn}: `loss_mask` (B, C) is required: GAE steps over the policy's tokens")
     _check_2d(fn, "loss_mask", loss_mask)
-    if kl_penalty not in ("reward", "loss"): raise ValueError(f"{fn}: `kl_penalty` must be 'reward' or 'loss', got {kl_penalty!r}")
+    if kl_penalty not in ("reward", "loss"):
+        raise ValueError(f"{fn}: `kl_penalty` must be 'reward' or 'loss', got {kl_penalty!r}")
     r = _rewards_1d(fn, rewards).to(loss_mask.device)
     keep = loss_mask > 0
     if old_values is None and value_fn is None:
-        raise ValueError(f"{fn}: no values: pass `old_values` (the value head at sampling time; `train` keeps a value head for 'ppo') or `value_fn`")
+        raise ValueError(f"{fn}: no values: pass `old_values` (the value head at sampling time; "
+                         "`train` keeps a value head for 'ppo') or `value_fn`")
     values = old_values if old_values is not None else value_fn(r, group_ids, loss_mask)
     values = _check_2d(fn, "values", values, tuple(loss_mask.shape), like="loss_mask").detach().float()
     kl = None
     if kl_penalty == "reward" and beta > 0:
         if old_logprobs is None or ref_logprobs is None:
-            raise ValueError(f"{fn}: `beta`={beta} with kl_penalty='reward' needs `old_logprobs` and `ref_logprobs` (B, C)")
-        kl = _kl(old_logprobs.detach().float(), ref_logprobs.detach().float(), keep, kl_fn or kl_k1)  # (B, C)
+            raise ValueError(f"{fn}: `beta`={beta} with kl_penalty='reward' "
+                             "needs `old_logprobs` and `ref_logprobs` (B, C)")
+        kl = _kl(old_logprobs.detach().float(), ref_logprobs.detach().float(), keep,
+                 kl_fn or kl_k1)  # (B, C)
     advantages, returns = compute_gae(compute_token_rewards(r, loss_mask, kl, beta), values, loss_mask, gamma, lam)
     return (_masked_whiten(advantages, keep) if whiten else advantages), returns
 
@@ -153,7 +165,8 @@ def compute_value_loss(
     old_values: Tensor,  # (B, C) the value head at sampling time
     returns: Tensor,  # (B, C) regression targets (compute_gae's returns)
     loss_mask: Tensor,  # (B, C) 1 on the policy's tokens
-    value_clip: float | None = 0.2,  # how far a prediction may move from old_values before the loss stops pulling; None = off
+    # how far a prediction may move from old_values before the loss stops pulling; None = off
+    value_clip: float | None = 0.2,
     aggregation: str | Callable = "token_mean",  # how the per-token errors become one number (see aggregate_loss)
     max_completion_length: int | None = None,  # L_max for aggregation="constant"
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
@@ -161,7 +174,8 @@ def compute_value_loss(
     fn = "compute_value_loss"
     _check_2d(fn, "values", values)
     shape = tuple(values.shape)
-    for name, x in (("old_values", old_values), ("returns", returns), ("loss_mask", loss_mask)): _check_2d(fn, name, x, shape, like="values")
+    for name, x in (("old_values", old_values), ("returns", returns), ("loss_mask", loss_mask)):
+        _check_2d(fn, name, x, shape, like="values")
     if value_clip is not None: _check_number(fn, "value_clip", value_clip)
     keep = loss_mask > 0
     v, old, ret = values.float(), old_values.detach().float(), returns.detach().float()  # (B, C) each
@@ -170,10 +184,12 @@ def compute_value_loss(
     err, err_clipped = (v - ret) ** 2, (clipped - ret) ** 2
     loss = aggregate_loss(0.5 * torch.maximum(err, err_clipped), keep, aggregation, max_completion_length)
     with torch.no_grad():
-        m = _masked_means(keep, **{"value/mean": v, "value/clip_frac": (err_clipped > err).float(), "value/returns": ret})
+        m = _masked_means(keep, **{"value/mean": v, "value/clip_frac": (err_clipped > err).float(),
+                                   "value/returns": ret})
         resid, n = torch.where(keep, ret - old, 0.0), keep.sum().clamp(min=2)
         var = lambda x: (torch.where(keep, x - torch.where(keep, x, 0.0).sum() / n, 0.0) ** 2).sum() / (n - 1)
-        m["value/explained_variance"] = (1 - var(resid) / var(ret).clamp(min=1e-8)).item()  # of the sampling-time values
+        # of the sampling-time values
+        m["value/explained_variance"] = (1 - var(resid) / var(ret).clamp(min=1e-8)).item()
     return loss, {"loss/value": loss.item(), **m}
 
 # %% ../nbs/10d_ppo.ipynb #1c99502f
@@ -198,15 +214,18 @@ def compute_ppo_loss(
     log_ratio_clip: float | None = None,  # see grpo_loss
     dual_clip: float | None = None,  # see grpo_loss
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
-    "PPO: the clipped surrogate on per-token advantages plus vf_coef x the clipped value loss (and beta KL if kl_penalty='loss')."
+    "PPO: clipped surrogate on per-token advantages + vf_coef x clipped value loss (+ beta KL if kl_penalty='loss')."
     fn = "compute_ppo_loss"
-    if kl_penalty not in ("reward", "loss"): raise ValueError(f"{fn}: `kl_penalty` must be 'reward' or 'loss', got {kl_penalty!r}")
+    if kl_penalty not in ("reward", "loss"):
+        raise ValueError(f"{fn}: `kl_penalty` must be 'reward' or 'loss', got {kl_penalty!r}")
     if values is None or old_values is None or returns is None:
-        raise ValueError(f"{fn}: PPO's loss needs `values` (with grad), `old_values` and `returns`; the training step fills them "
-                         "when the run has a value head (it adds one for algorithms registered with value_head=True)")
+        raise ValueError(f"{fn}: PPO's loss needs `values` (with grad), `old_values` and `returns`; "
+                         "the training step fills them when the run has a value head "
+                         "(it adds one for algorithms registered with value_head=True)")
     _check_number(fn, "vf_coef", vf_coef)
     policy, metrics = grpo_loss(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, clip_eps, clip_eps_high,
-                                beta if kl_penalty == "loss" else 0.0, aggregation, max_completion_length, kl_fn, log_ratio_clip, dual_clip)
+                                beta if kl_penalty == "loss" else 0.0, aggregation, max_completion_length, kl_fn,
+                                log_ratio_clip, dual_clip)
     # the value loss is aggregated like the policy loss (as verl's loss_agg_mode), so micro-batches add up exactly
     value, value_metrics = compute_value_loss(values, old_values, returns, loss_mask, value_clip, aggregation,
                                               max_completion_length)
@@ -219,7 +238,8 @@ PPO_DEFAULTS = MappingProxyType(dict(
     beta=0.0, kl_penalty="reward", kl_fn=None,  # KL: per-token reward penalty when beta > 0 (classic RLHF)
     aggregation="token_mean", max_completion_length=None, log_ratio_clip=None, dual_clip=None))
 
-ALGORITHMS["ppo"] = AlgorithmSpec(compute_ppo_advantages, compute_ppo_loss, PPO_DEFAULTS, group_relative=False, value_head=True)
+ALGORITHMS["ppo"] = AlgorithmSpec(compute_ppo_advantages, compute_ppo_loss, PPO_DEFAULTS, group_relative=False,
+                                  value_head=True)
 
 
 def create_ppo_config(**kwargs) -> dict:

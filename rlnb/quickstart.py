@@ -17,26 +17,32 @@ __all__ = ['quick_start_training']
 
 # %% ../nbs/15_quickstart.ipynb #e5b4ab58
 def quick_start_training(
-    config: TrainingConfig | dict | None = None,  # a run config to start from (None = the defaults: the README's main job)
+    # a run config to start from (None = the defaults: the README's main job)
+    config: TrainingConfig | dict | None = None,
     model_name: str | None = None,  # a Hugging Face id or a local folder (sets config.model)
-    **kwargs,  # TrainingConfig fields (num_iterations=50, ...) and train's arguments (prompts=, reward_fn=, logger=, a model object as model=, ...)
+    # TrainingConfig fields (num_iterations=50, ...) and train's arguments
+    # (prompts=, reward_fn=, logger=, a model object as model=, ...)
+    **kwargs,
 ) -> tuple:  # (final TrainingState, metrics DataFrame)
     "Train with `train`; flat arguments are config fields or hooks. Returns the final state and a row per step."
     import inspect, difflib
     import pandas as pd
-    if "model" in kwargs and not isinstance(kwargs["model"], str): kwargs["policy"] = kwargs.pop("model")  # a model object, not a name
+    # a model object, not a name
+    if "model" in kwargs and not isinstance(kwargs["model"], str): kwargs["policy"] = kwargs.pop("model")
     known = set(TrainingConfig._fields) | set(inspect.signature(train).parameters) | {"policy"}
     for k in kwargs:
         if k not in known:
             close = difflib.get_close_matches(k, sorted(known), n=1)
-            raise TypeError(f"quick_start_training: unknown argument {k!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+            raise TypeError(f"quick_start_training: unknown argument {k!r}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
     fields = {k: kwargs.pop(k) for k in list(kwargs) if k in TrainingConfig._fields}
     if "policy" in kwargs: kwargs["model"] = kwargs.pop("policy")
     if model_name is not None: fields["model"] = model_name
     config = create_training_config(config, **fields)
     records = []
     user = kwargs.pop("logger", None)
-    loggers = [lambda s, st: records.append(metrics_record(s, st))] + ([] if user is None else list(user) if isinstance(user, (list, tuple)) else [user])
+    loggers = [lambda s, st: records.append(metrics_record(s, st))] + (
+        [] if user is None else list(user) if isinstance(user, (list, tuple)) else [user])
     state = train(config, logger=loggers, **kwargs)
     metrics_file = Path(config.output_dir) / "metrics.jsonl" if config.output_dir else None
     df = load_metrics(metrics_file) if metrics_file is not None and metrics_file.exists() else pd.DataFrame(records)

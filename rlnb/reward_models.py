@@ -31,8 +31,8 @@ __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for
 def encode_for_scoring(
     tokenizer,  # the reward model's tokenizer
     prompts: Sequence[str],  # B formatted prompts (special tokens in them are kept: they come from the chat template)
-    completions: Sequence[str],  # B completions: model text, so special-token strings in it are read as plain characters
-    max_length: int | None = None,  # keep at most the last `max_length` tokens (None = the tokenizer's model_max_length)
+    completions: Sequence[str],  # B completions: model text, so special-token strings in it are plain characters
+    max_length: int | None = None,  # keep only the last `max_length` tokens (None = the tokenizer's model_max_length)
 ) -> list[list[int]]:
     "Token ids of each `prompt + completion`, the completion unable to inject control tokens, cut from the left to fit."
     limit = max_length or getattr(tokenizer, "model_max_length", None) or 10**9
@@ -95,11 +95,13 @@ def compute_reward_model_score(
     if single: prompts, completions = [prompts], [completions]
     prompts, completions = _as_texts(prompts, "prompts", fn), _as_texts(completions, "completions", fn)
     if len(prompts) != len(completions):
-        raise ValueError(f"{fn}: `completions` has {len(completions)} entries, expected {len(prompts)} (one per prompt)")
+        raise ValueError(f"{fn}: `completions` has {len(completions)} entries, "
+                         f"expected {len(prompts)} (one per prompt)")
     if not prompts: raise ValueError(f"{fn}: `prompts` is empty")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"{fn}: `batch_size` must be a positive int, got {batch_size!r}")
-    if scorer is not None and not callable(scorer): raise TypeError(f"{fn}: `scorer` must be callable, got {type(scorer).__name__}")
+    if scorer is not None and not callable(scorer):
+        raise TypeError(f"{fn}: `scorer` must be callable, got {type(scorer).__name__}")
     scorer = scorer or default_scorer
     parts = []
     with torch.no_grad():
@@ -120,7 +122,7 @@ def load_reward_model(
     trust_remote_code: bool = False,  # passed to transformers
     **kwargs,  # "tiny": `load_tiny_reward_model` arguments; otherwise `from_pretrained` arguments
 ):  # (model in eval mode, tokenizer with a pad token and right padding)
-    "A sequence-classification reward model with one output (`AutoModelForSequenceClassification`, num_labels=1) and its tokenizer."
+    "A sequence-classification reward model (`AutoModelForSequenceClassification`, num_labels=1) and its tokenizer."
     fn = "load_reward_model"
     if not isinstance(path_or_name, (str, os.PathLike)) or not str(path_or_name):
         raise TypeError(f"{fn}: `path_or_name` must be 'tiny', a folder or a hub id, got {path_or_name!r}")
@@ -130,17 +132,21 @@ def load_reward_model(
     from transformers import AutoModelForSequenceClassification
     raw = str(path_or_name)
     name = os.path.expanduser(raw)
-    if raw.startswith(("/", ".", "~")) and not os.path.isdir(name): raise ValueError(f"{fn}: `path_or_name` {raw!r} is not a folder")
+    if raw.startswith(("/", ".", "~")) and not os.path.isdir(name):
+        raise ValueError(f"{fn}: `path_or_name` {raw!r} is not a folder")
     try: model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, dtype=dtype or torch.float32,
                                                                     trust_remote_code=trust_remote_code, **kwargs)
-    except OSError as e: raise ValueError(f"{fn}: `path_or_name` {raw!r} is neither a model folder nor a reachable hub id ({e})") from e
+    except OSError as e:
+        raise ValueError(f"{fn}: `path_or_name` {raw!r} is neither a model folder "
+                         f"nor a reachable hub id ({e})") from e
     tokenizer = prepare_tokenizer(_auto_tokenizer(name, trust_remote_code), "right", fn=fn)
     if model.config.pad_token_id is None: model.config.pad_token_id = tokenizer.pad_token_id  # needed to batch
     return model.to(device).eval(), tokenizer
 
 # %% ../nbs/07b_reward_models.ipynb #49fe6c82
 def _rollout_text(rollout, fn: str) -> tuple[str, str]:
-    if not isinstance(rollout, Rollout): raise TypeError(f"{fn}: `rollout` must be a Rollout, got {type(rollout).__name__}")
+    if not isinstance(rollout, Rollout):
+        raise TypeError(f"{fn}: `rollout` must be a Rollout, got {type(rollout).__name__}")
     return rollout.prompt or "", (rollout.generation.text if rollout.generation is not None else "") or ""
 
 
@@ -151,15 +157,17 @@ def create_rm_reward_fn(
     batch_size: int = 64,  # pairs per scorer call in `reward_fn.score_batch`
     cache_size: int = 4096,  # (prompt, completion) scores remembered (0 = none): a group often repeats a completion
 ) -> Callable[[Rollout], float]:
-    "A `reward_fn(rollout) -> float` scoring `rollout.prompt + rollout.generation.text`; `.score_batch(rollouts)` scores many in one pass."
-    if not isinstance(cache_size, int) or cache_size < 0: raise ValueError(f"create_rm_reward_fn: `cache_size` must be an int >= 0, got {cache_size!r}")
+    "A `reward_fn(rollout) -> float` scoring prompt + generation text; `.score_batch(rollouts)` scores many at once."
+    if not isinstance(cache_size, int) or cache_size < 0:
+        raise ValueError(f"create_rm_reward_fn: `cache_size` must be an int >= 0, got {cache_size!r}")
     cache: dict[tuple[str, str], float] = {}
 
     def score_batch(rollouts: Sequence[Rollout]) -> list[float]:
         pairs = [_rollout_text(r, "create_rm_reward_fn") for r in rollouts]
         todo = list(dict.fromkeys(p for p in pairs if p not in cache))  # unique, uncached, in order
         if todo:
-            new = compute_reward_model_score(model, tokenizer, [p for p, _ in todo], [c for _, c in todo], scorer, batch_size)
+            new = compute_reward_model_score(model, tokenizer, [p for p, _ in todo], [c for _, c in todo],
+                                             scorer, batch_size)
             found = dict(zip(todo, new.tolist()))
             if cache_size:
                 cache.update(found)
@@ -177,7 +185,7 @@ def create_rm_rollout_fn(
     tokenizer,  # its tokenizer
     scorer: Callable | None = None,  # see `compute_reward_model_score`
     batch_size: int = 64,  # pairs per scorer call
-    on_batch: Callable | None = None,  # (batch) -> None, called with each scored Batch (e.g. to measure true correctness)
+    on_batch: Callable | None = None,  # (batch) -> None, called on each scored Batch (e.g. to measure true correctness)
     **rollout_kwargs,  # generator, template_fn, tool_parser, system_prompt, batch_size -> `create_rollout_fn`
 ) -> Callable:
     "A `rollout_fn` for `train`: sample as usual, then score the whole batch with the reward model in one batched pass."
@@ -228,7 +236,8 @@ def make_preference_pairs(
 ) -> list[PreferencePair]:
     "Pairs (prompt, correct answer) > (prompt, near-miss the task's `check` rejects)."
     task = _resolve_task(task, "make_preference_pairs")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1: raise ValueError(f"make_preference_pairs: `n` must be a positive int, got {n!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"make_preference_pairs: `n` must be a positive int, got {n!r}")
     sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
     rng, pairs = random.Random(seed), []
     for e in task.sample(n, seed=seed):
@@ -251,7 +260,8 @@ def make_policy_pairs(
 ) -> list[PreferencePair]:
     "Pairs (prompt, correct answer) > (prompt, a completion the policy sampled and the task's `check` rejects)."
     task = _resolve_task(task, "make_policy_pairs")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1: raise ValueError(f"make_policy_pairs: `n` must be a positive int, got {n!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"make_policy_pairs: `n` must be a positive int, got {n!r}")
     gen = GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0, num_return_sequences=samples_per_prompt)
     pairs, rnd = [], 0
     with torch.random.fork_rng(devices=[]):
@@ -307,7 +317,8 @@ def train_reward_model(
     fn = "train_reward_model"
     if not isinstance(steps, int) or steps < 1: raise ValueError(f"{fn}: `steps` must be a positive int, got {steps!r}")
     if not pairs: raise ValueError(f"{fn}: `pairs` is empty")
-    if not all(isinstance(p, PreferencePair) for p in pairs): raise TypeError(f"{fn}: `pairs` must hold PreferencePair records")
+    if not all(isinstance(p, PreferencePair) for p in pairs):
+        raise TypeError(f"{fn}: `pairs` must hold PreferencePair records")
     if num_threads: torch.set_num_threads(num_threads)
     pad = model.config.pad_token_id
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.0)
@@ -338,7 +349,8 @@ def build_tiny_reward_model(
     "The tiny policy's backbone under a fresh scalar head: a `Qwen2ForSequenceClassification` with num_labels=1."
     from transformers import Qwen2ForSequenceClassification
     lm, tokenizer = load_tiny_model(task, progress=False, **tiny_kwargs)
-    config = lm.config.__class__.from_dict({**lm.config.to_dict(), "num_labels": 1, "pad_token_id": tokenizer.pad_token_id})
+    config = lm.config.__class__.from_dict({**lm.config.to_dict(), "num_labels": 1,
+                                            "pad_token_id": tokenizer.pad_token_id})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForSequenceClassification(config)
@@ -347,7 +359,8 @@ def build_tiny_reward_model(
 
 # %% ../nbs/07b_reward_models.ipynb #53b2fa65
 TINY_RM_VERSION = 3  # bump when a change here makes cached reward models wrong
-TINY_RM_DEFAULTS = dict(steps=600, batch_size=32, learning_rate=5e-4, n_pairs=8192, eval_pairs=512)  # the default tiny RM's recipe
+# the default tiny RM's recipe
+TINY_RM_DEFAULTS = dict(steps=600, batch_size=32, learning_rate=5e-4, n_pairs=8192, eval_pairs=512)
 RM_SUMMARY_FILE = "reward_summary.json"  # written last: marks a complete folder
 _RM_LOCK = threading.Lock()
 
@@ -355,7 +368,8 @@ _RM_LOCK = threading.Lock()
 def tiny_reward_model_path(task="addition", seed: int = 0, cache_dir=None, **recipe) -> Path:
     "The cache folder of the tiny reward model for these settings."
     task = _resolve_task(task, "tiny_reward_model_path")
-    key = dict(version=TINY_RM_VERSION, task=task.name, params=getattr(task, "params", None), **{**TINY_RM_DEFAULTS, **recipe})
+    key = dict(version=TINY_RM_VERSION, task=task.name, params=getattr(task, "params", None),
+               **{**TINY_RM_DEFAULTS, **recipe})
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:10]
     return tiny_cache_dir(cache_dir) / f"reward-{task.name}-seed{seed}-{digest}"
 
@@ -365,19 +379,25 @@ def _train_tiny_rm(tmp: Path, task, seed: int, recipe: dict, progress: bool) -> 
     policy, _ = load_tiny_model(task, progress=False)
     eval_pairs = make_preference_pairs(task, recipe["eval_pairs"], tokenizer, seed=10_007 + seed)
     held_out = {p.prompt for p in eval_pairs}  # questions never trained on
-    third = recipe["n_pairs"] // 3  # near-misses, the policy's own mistakes (what RL will try), other questions' answers
-    near = [p for p in make_preference_pairs(task, 2 * third + recipe["eval_pairs"], tokenizer, seed=seed) if p.prompt not in held_out]
-    swapped = [p._replace(rejected=q.chosen) for p, q in zip(near[third:2 * third], near[2 * third:] + near) if q.chosen != p.chosen]
-    train_pairs = near[:third] + swapped + make_policy_pairs(policy, tokenizer, task, third, seed=seed + 1, exclude=held_out)
+    # near-misses, the policy's own mistakes (what RL will try), other questions' answers
+    third = recipe["n_pairs"] // 3
+    near = [p for p in make_preference_pairs(task, 2 * third + recipe["eval_pairs"], tokenizer, seed=seed)
+            if p.prompt not in held_out]
+    swapped = [p._replace(rejected=q.chosen) for p, q in zip(near[third:2 * third], near[2 * third:] + near)
+               if q.chosen != p.chosen]
+    train_pairs = near[:third] + swapped + make_policy_pairs(policy, tokenizer, task, third, seed=seed + 1,
+                                                             exclude=held_out)
     policy_eval = make_policy_pairs(policy, tokenizer, task, recipe["eval_pairs"], seed=20_011 + seed)
     t0 = time.perf_counter()
-    rows = train_reward_model(model, tokenizer, train_pairs, recipe["steps"], recipe["batch_size"], recipe["learning_rate"],
-                              eval_pairs=eval_pairs, eval_every=recipe["steps"], seed=seed)
+    rows = train_reward_model(model, tokenizer, train_pairs, recipe["steps"], recipe["batch_size"],
+                              recipe["learning_rate"], eval_pairs=eval_pairs, eval_every=recipe["steps"], seed=seed)
     summary = dict(task=task.name, seed=seed, recipe=recipe, seconds=round(time.perf_counter() - t0, 2),
                    train_pairs=len(train_pairs), eval_accuracy=rows[-1]["eval/accuracy"], final_loss=rows[-1]["loss"],
                    policy_pairs_accuracy=pairwise_accuracy(model, tokenizer, policy_eval))
-    if progress: print(f"tiny reward model: {recipe['steps']} steps in {summary['seconds']} s, held-out pairwise accuracy {summary['eval_accuracy']:.3f} "
-                      f"(near-misses), {summary['policy_pairs_accuracy']:.3f} (policy samples)")
+    if progress:
+        print(f"tiny reward model: {recipe['steps']} steps in {summary['seconds']} s, "
+              f"held-out pairwise accuracy {summary['eval_accuracy']:.3f} "
+              f"(near-misses), {summary['policy_pairs_accuracy']:.3f} (policy samples)")
     model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
     (tmp / "reward_metrics.json").write_text(json.dumps(rows))
     (tmp / RM_SUMMARY_FILE).write_text(json.dumps(summary, indent=1))  # last: marks the folder complete
@@ -390,15 +410,16 @@ def load_tiny_reward_model(
     progress: bool = True,  # print one line on a cold start
     **recipe,  # overrides of TINY_RM_DEFAULTS (steps, batch_size, learning_rate, n_pairs, eval_pairs)
 ):  # (model, tokenizer)
-    "rlnb's tiny reward model for `task`: trained from preference pairs on the first call (~1 min on one CPU thread), then cached."
+    "rlnb's tiny reward model for `task`: trained on preference pairs on first use (~1 min, 1 CPU thread), then cached."
     unknown = sorted(set(recipe) - set(TINY_RM_DEFAULTS))
-    if unknown: raise ValueError(f"load_tiny_reward_model: unknown recipe keys {unknown}; known: {sorted(TINY_RM_DEFAULTS)}")
+    if unknown:
+        raise ValueError(f"load_tiny_reward_model: unknown recipe keys {unknown}; known: {sorted(TINY_RM_DEFAULTS)}")
     task = _resolve_task(task, "load_tiny_reward_model")
     recipe = {**TINY_RM_DEFAULTS, **recipe}
     path = tiny_reward_model_path(task, seed, cache_dir, **recipe)
     complete = lambda folder: (folder / RM_SUMMARY_FILE).exists()
     with _RM_LOCK:
-        if path.exists() and not complete(path): shutil.rmtree(path, ignore_errors=True)  # a stale, unfinished folder
+        if path.exists() and not complete(path): shutil.rmtree(path, ignore_errors=True)  # stale, unfinished folder
         build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), complete)
         return load_reward_model(str(path))
 

@@ -33,15 +33,25 @@ def _where(index) -> str:
     return "the rollout" if index is None else f"rollout {index}"
 
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max  # rewards are float32 tensors from collation on
+
+
 def _check_scalar(value, caller: str, fn, index=None, kind: str = "reward function") -> float:
-    "`value` as a finite float, or a ValueError naming `caller`, the function `fn` (a `kind`) and the rollout."
+    "`value` as a finite float in float32's range, or a ValueError naming `caller`, the function `fn` and the rollout."
     who = f"{kind} `{_fn_name(fn)}` returned"
-    if isinstance(value, numbers.Real): x = float(value)  # bool, int, float and numpy scalars
-    elif getattr(value, "ndim", None) == 0 and hasattr(value, "item"): x = float(value.item())  # 0-d tensor / array
-    else:
+    if not (isinstance(value, numbers.Real) or (getattr(value, "ndim", None) == 0 and hasattr(value, "item"))):
         shape = f" of shape {tuple(value.shape)}" if hasattr(value, "shape") else ""
-        raise ValueError(f"{caller}: {who} a {type(value).__name__}{shape} for {_where(index)}; expected a single finite number")
+        raise ValueError(f"{caller}: {who} a {type(value).__name__}{shape} for {_where(index)}; "
+                         "expected a single finite number")
+    try: x = float(value) if isinstance(value, numbers.Real) else float(value.item())  # numpy scalars, 0-d tensors
+    except OverflowError:  # an int past float's range
+        size = f"an int of {value.bit_length()} bits" if isinstance(value, int) else f"a {type(value).__name__}"
+        raise ValueError(f"{caller}: {who} {size} for {_where(index)}, too large for a float; "
+                         "expected a finite number") from None
     if not math.isfinite(x): raise ValueError(f"{caller}: {who} {x} for {_where(index)}; expected a finite number")
+    if abs(x) > _FLOAT32_MAX:
+        raise ValueError(f"{caller}: {who} {x:g} for {_where(index)}; rewards are float32, whose largest magnitude is "
+                         f"{_FLOAT32_MAX:.4g}: scale the reward down")
     return x
 
 
@@ -53,7 +63,8 @@ def _check_vector(value, caller: str, fn, index=None) -> list[float]:
         shape = f" of shape {tuple(value.shape)}" if hasattr(value, "shape") else ""
         raise ValueError(f"{caller}: reward function `{_fn_name(fn)}` returned a {type(value).__name__}{shape} for "
                          f"{_where(index)}; expected a vector (list or 1-d tensor) of finite numbers")
-    if len(items) == 0: raise ValueError(f"{caller}: reward function `{_fn_name(fn)}` returned an empty vector for {_where(index)}")
+    if len(items) == 0:
+        raise ValueError(f"{caller}: reward function `{_fn_name(fn)}` returned an empty vector for {_where(index)}")
     return [_check_scalar(v, caller, fn, index) for v in items]
 
 
@@ -61,7 +72,8 @@ def _call(fn, rollout, caller: str, index=None):
     "Call `fn(rollout)`; if it raises, add a note saying which function and rollout (the exception type is kept)."
     try: return fn(rollout)
     except Exception as e:
-        if hasattr(e, "add_note"): e.add_note(f"{caller}: raised by reward function `{_fn_name(fn)}` on {_where(index)}")
+        if hasattr(e, "add_note"):
+            e.add_note(f"{caller}: raised by reward function `{_fn_name(fn)}` on {_where(index)}")
         raise
 
 # %% ../nbs/07_rewards.ipynb #da417b59
@@ -71,20 +83,24 @@ def compute_scalar_reward(
     index: int | None = None,  # the rollout's position in its batch, used in error messages
 ) -> float:
     "`reward_fn(rollout)` as a checked finite float."
-    if not callable(reward_fn): raise TypeError(f"compute_scalar_reward: `reward_fn` must be callable, got {type(reward_fn).__name__}")
-    return _check_scalar(_call(reward_fn, rollout, "compute_scalar_reward", index), "compute_scalar_reward", reward_fn, index)
+    if not callable(reward_fn):
+        raise TypeError(f"compute_scalar_reward: `reward_fn` must be callable, got {type(reward_fn).__name__}")
+    return _check_scalar(_call(reward_fn, rollout, "compute_scalar_reward", index), "compute_scalar_reward",
+                         reward_fn, index)
 
 # %% ../nbs/07_rewards.ipynb #a35079ac
 def compute_vector_reward(
     rollout: Rollout,  # the rollout to score
-    reward_fns: Sequence[Callable[[Rollout], float]] | Callable[[Rollout], Sequence[float]],  # K scalar functions, or one returning K numbers
+    # K scalar functions, or one returning K numbers
+    reward_fns: Sequence[Callable[[Rollout], float]] | Callable[[Rollout], Sequence[float]],
     index: int | None = None,  # the rollout's position in its batch, used in error messages
 ) -> list[float]:
     "The rollout's reward vector: one checked float per objective."
     caller = "compute_vector_reward"
     if callable(reward_fns): return _check_vector(_call(reward_fns, rollout, caller, index), caller, reward_fns, index)
     if not isinstance(reward_fns, (list, tuple)) or len(reward_fns) == 0 or not all(callable(f) for f in reward_fns):
-        raise TypeError(f"{caller}: `reward_fns` must be a non-empty list of callables or one callable returning a vector")
+        raise TypeError(f"{caller}: `reward_fns` must be a non-empty list of callables "
+                        "or one callable returning a vector")
     return [_check_scalar(_call(f, rollout, caller, index), caller, f, index) for f in reward_fns]
 
 # %% ../nbs/07_rewards.ipynb #221f6e1b
@@ -111,21 +127,25 @@ def trl_reward(
 # %% ../nbs/07_rewards.ipynb #239afa24
 def compute_batch_rewards(
     rollouts: Sequence[Rollout] | Batch,  # B rollouts
-    reward_fn: Callable | Sequence[Callable],  # rollout -> number; with is_vector, rollout -> K numbers, or a list of K scalar functions
+    # rollout -> number; with is_vector, rollout -> K numbers, or a list of K scalar functions
+    reward_fn: Callable | Sequence[Callable],
     is_vector: bool = False,  # True for multi-objective rewards
 ) -> Tensor:
     "Checked rewards of every rollout: a float tensor of shape (B,), or (B, K) when `is_vector`."
     if isinstance(rollouts, Batch): rollouts = rollouts.rollouts
     if len(rollouts) == 0: raise ValueError("compute_batch_rewards: `rollouts` is empty; expected at least one Rollout")
     if not is_vector:
-        if not callable(reward_fn): raise TypeError("compute_batch_rewards: `reward_fn` must be callable (pass is_vector=True for a list of reward functions)")
-        return torch.tensor([compute_scalar_reward(r, reward_fn, i) for i, r in enumerate(rollouts)], dtype=torch.float32)  # (B,)
+        if not callable(reward_fn):
+            raise TypeError("compute_batch_rewards: `reward_fn` must be callable "
+                            "(pass is_vector=True for a list of reward functions)")
+        return torch.tensor([compute_scalar_reward(r, reward_fn, i) for i, r in enumerate(rollouts)],
+                            dtype=torch.float32)  # (B,)
     rows = [compute_vector_reward(r, reward_fn, i) for i, r in enumerate(rollouts)]
     for i, row in enumerate(rows):
         if len(row) != len(rows[0]):
             name = _fn_name(reward_fn) if callable(reward_fn) else "reward_fns"
-            raise ValueError(f"compute_batch_rewards: reward function `{name}` returned {len(row)} components for rollout {i} "
-                             f"but {len(rows[0])} for rollout 0; every rollout needs the same number")
+            raise ValueError(f"compute_batch_rewards: reward function `{name}` returned {len(row)} components "
+                             f"for rollout {i} but {len(rows[0])} for rollout 0; every rollout needs the same number")
     return torch.tensor(rows, dtype=torch.float32)  # (B, K)
 
 # %% ../nbs/07_rewards.ipynb #c33f20e7
@@ -134,7 +154,8 @@ def _as_reward_tensor(rewards, caller: str) -> Tensor:
     if isinstance(rewards, Tensor): r = rewards
     else:
         try: r = torch.as_tensor(rewards, dtype=torch.float32)
-        except (ValueError, TypeError, RuntimeError) as e: raise ValueError(f"{caller}: `rewards` must be numbers, equal-length vectors or a tensor ({e})") from None
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise ValueError(f"{caller}: `rewards` must be numbers, equal-length vectors or a tensor ({e})") from None
     if not r.is_floating_point(): r = r.float()
     return r
 
@@ -159,45 +180,57 @@ def weighted_sum_aggregator(
 ) -> Callable[[Tensor], Tensor]:
     "An aggregator computing `sum_k weights[k] * rewards[..., k]`."
     w = torch.as_tensor(weights, dtype=torch.float32)
-    if w.ndim != 1 or len(w) == 0: raise ValueError(f"weighted_sum_aggregator: `weights` must be a non-empty 1-d sequence, got shape {tuple(w.shape)}")
-    if not torch.isfinite(w).all(): raise ValueError(f"weighted_sum_aggregator: `weights` must be finite, got {w.tolist()}")
+    if w.ndim != 1 or len(w) == 0:
+        raise ValueError(f"weighted_sum_aggregator: `weights` must be a non-empty 1-d sequence, "
+                         f"got shape {tuple(w.shape)}")
+    if not torch.isfinite(w).all():
+        raise ValueError(f"weighted_sum_aggregator: `weights` must be finite, got {w.tolist()}")
     def weighted_sum(rewards: Tensor) -> Tensor:  # (..., K) -> (...)
         r = _as_reward_tensor(rewards, "weighted_sum_aggregator")
-        if r.shape[-1] != len(w): raise ValueError(f"weighted_sum_aggregator: rewards have {r.shape[-1]} components but {len(w)} weights were given")
+        if r.shape[-1] != len(w):
+            raise ValueError(f"weighted_sum_aggregator: rewards have {r.shape[-1]} components "
+                             f"but {len(w)} weights were given")
         return (r * w.to(r.device, r.dtype)).sum(-1)
     return weighted_sum
 
 # %% ../nbs/07_rewards.ipynb #6d0d1104
 def aggregate_vector_rewards(
     rewards: Sequence[float] | Tensor,  # one reward vector (K,) or a batch of them (B, K)
-    aggregator: Callable[[Tensor], Tensor] | None = None,  # (..., K) -> (...); None = weighted sum if `weights` else mean
+    # (..., K) -> (...); None = weighted sum if `weights` else mean
+    aggregator: Callable[[Tensor], Tensor] | None = None,
     weights: Sequence[float] | None = None,  # shorthand for aggregator=weighted_sum_aggregator(weights)
 ) -> float | Tensor:
     "Reduce reward vectors to scalars: a list gives a float, a (K,) tensor a 0-d tensor, a (B, K) tensor a (B,) tensor."
     caller = "aggregate_vector_rewards"
-    if aggregator is not None and weights is not None: raise ValueError(f"{caller}: pass `aggregator` or `weights`, not both")
+    if aggregator is not None and weights is not None:
+        raise ValueError(f"{caller}: pass `aggregator` or `weights`, not both")
     r = _as_reward_tensor(rewards, caller)
-    if r.ndim not in (1, 2) or r.shape[-1] == 0: raise ValueError(f"{caller}: `rewards` has shape {tuple(r.shape)}, expected (K,) or (B, K) with K >= 1")
+    if r.ndim not in (1, 2) or r.shape[-1] == 0:
+        raise ValueError(f"{caller}: `rewards` has shape {tuple(r.shape)}, expected (K,) or (B, K) with K >= 1")
     if not torch.isfinite(r).all(): raise ValueError(f"{caller}: `rewards` contains NaN or inf")
     agg = aggregator or (weighted_sum_aggregator(weights) if weights is not None else mean_aggregator)
     out = agg(r)
     out = out if isinstance(out, Tensor) else torch.as_tensor(out, dtype=torch.float32)
     if tuple(out.shape) != tuple(r.shape[:-1]):
-        raise ValueError(f"{caller}: aggregator `{_fn_name(agg)}` returned shape {tuple(out.shape)}, expected {tuple(r.shape[:-1])} (the last dimension reduced)")
+        raise ValueError(f"{caller}: aggregator `{_fn_name(agg)}` returned shape {tuple(out.shape)}, "
+                         f"expected {tuple(r.shape[:-1])} (the last dimension reduced)")
     if not torch.isfinite(out).all(): raise ValueError(f"{caller}: aggregator `{_fn_name(agg)}` returned NaN or inf")
     return float(out) if not isinstance(rewards, Tensor) else out
 
 # %% ../nbs/07_rewards.ipynb #4f18f60e
 def _group_layout(rewards: Tensor, group_ids: Tensor | None, caller: str):
-    "Flatten (B,) or (B, K) rewards to (N,) values with (N,) group labels 0..G-1; each (group, column) is its own group."
-    if rewards.ndim not in (1, 2) or rewards.shape[0] == 0: raise ValueError(f"{caller}: `rewards` has shape {tuple(rewards.shape)}, expected (B,) or (B, K)")
+    "Flatten (B,) or (B, K) rewards to (N,) values with (N,) group labels 0..G-1, one group per (group, column)."
+    if rewards.ndim not in (1, 2) or rewards.shape[0] == 0:
+        raise ValueError(f"{caller}: `rewards` has shape {tuple(rewards.shape)}, expected (B,) or (B, K)")
     if not torch.isfinite(rewards).all(): raise ValueError(f"{caller}: `rewards` contains NaN or inf")
     B = rewards.shape[0]
     K = 1 if rewards.ndim == 1 else rewards.shape[1]
     if group_ids is None: inverse = torch.zeros(B, dtype=torch.long, device=rewards.device)
     else:
         g = torch.as_tensor(group_ids, device=rewards.device)
-        if tuple(g.shape) != (B,): raise ValueError(f"{caller}: `group_ids` has shape {tuple(g.shape)}, expected ({B},) like the first dimension of `rewards`")
+        if tuple(g.shape) != (B,):
+            raise ValueError(f"{caller}: `group_ids` has shape {tuple(g.shape)}, "
+                             f"expected ({B},) like the first dimension of `rewards`")
         inverse = torch.unique(g, return_inverse=True)[1]  # (B,) labels 0..n_groups-1, as group_stats numbers them
     labels = (inverse[:, None] * K + torch.arange(K, device=rewards.device)[None, :]).reshape(-1)  # (B*K,)
     return rewards.reshape(-1), labels, int(labels.max()) + 1
@@ -233,7 +266,7 @@ def rank_normalizer(
     rewards: Tensor,  # (B,) or (B, K)
     group_ids: Tensor | None = None,  # (B,) ids; ranks are taken within each group
 ) -> Tensor:
-    "Rank within each group scaled to [0, 1] (0 = worst, 1 = best); ties share their average rank; groups of one give 0.5."
+    "Rank within each group scaled to [0, 1] (0 = worst, 1 = best); ties share their mean rank; groups of one give 0.5."
     r = _as_reward_tensor(rewards, "rank_normalizer")
     x, lab, n = _group_layout(r, group_ids, "rank_normalizer")
     N = len(x)
@@ -265,7 +298,8 @@ def normalize_rewards(
     "Normalised rewards, same shape as `rewards`; constant groups map to a neutral value, never NaN."
     r = _as_reward_tensor(rewards, "normalize_rewards")
     if normalizer is None:
-        if method not in NORMALIZERS: raise ValueError(f"normalize_rewards: unknown `method` {method!r}; expected one of {sorted(NORMALIZERS)}")
+        if method not in NORMALIZERS:
+            raise ValueError(f"normalize_rewards: unknown `method` {method!r}; expected one of {sorted(NORMALIZERS)}")
         return NORMALIZERS[method](r, group_ids)
     _group_layout(r, group_ids, "normalize_rewards")  # shape / finiteness checks
     if group_ids is None: out = normalizer(r)
@@ -275,11 +309,16 @@ def normalize_rewards(
         for gid in torch.unique(g):  # one call per group: a custom normaliser sees one group at a time
             idx = (g == gid).nonzero().squeeze(1)
             got = torch.as_tensor(normalizer(r[idx]), dtype=r.dtype, device=r.device)
-            if got.shape != r[idx].shape: raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned shape {tuple(got.shape)} for group {gid.item()}, expected {tuple(r[idx].shape)}")
+            if got.shape != r[idx].shape:
+                raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned shape "
+                                 f"{tuple(got.shape)} for group {gid.item()}, expected {tuple(r[idx].shape)}")
             out[idx] = got
     out = torch.as_tensor(out)
-    if out.shape != r.shape: raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned shape {tuple(out.shape)}, expected {tuple(r.shape)}")
-    if not torch.isfinite(out).all(): raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned NaN or inf")
+    if out.shape != r.shape:
+        raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned shape {tuple(out.shape)}, "
+                         f"expected {tuple(r.shape)}")
+    if not torch.isfinite(out).all():
+        raise ValueError(f"normalize_rewards: normalizer `{_fn_name(normalizer)}` returned NaN or inf")
     return out
 
 # %% ../nbs/07_rewards.ipynb #90bdf1d9
@@ -327,7 +366,7 @@ def pareto_reward(
 # %% ../nbs/07_rewards.ipynb #ed99ee68
 def apply_reward_shaping(
     rollouts: Rollout | Sequence[Rollout] | Batch,  # one rollout, or B of them
-    base_rewards: float | Tensor | Sequence[float] | None = None,  # the reward(s) to shape; None = each rollout's `.rewards`
+    base_rewards: float | Tensor | Sequence[float] | None = None,  # reward(s) to shape; None = the rollouts' `.rewards`
     shaping_fn: Callable[[Rollout, float], float] | None = None,  # (rollout, reward) -> shaped reward; None = unchanged
 ) -> float | Tensor:
     "Shaped rewards: `shaping_fn(rollout, reward)` for each rollout; a float for one rollout, a (B,) tensor for many."
@@ -341,16 +380,20 @@ def apply_reward_shaping(
     idx = lambda i: None if single else i
     for i, b in enumerate(base):
         if not isinstance(b, numbers.Real) and getattr(b, "ndim", None) != 0:
-            raise ValueError(f"{caller}: the base reward of {_where(idx(i))} is a {type(b).__name__}; expected a number (shape vector rewards after aggregating them)")
+            raise ValueError(f"{caller}: the base reward of {_where(idx(i))} is a {type(b).__name__}; "
+                             "expected a number (shape vector rewards after aggregating them)")
     base = [float(b) for b in base]
     bad = [i for i, b in enumerate(base) if not math.isfinite(b)]
-    if bad: raise ValueError(f"{caller}: the base reward of {_where(idx(bad[0]))} is {base[bad[0]]}; expected a finite number")
+    if bad:
+        raise ValueError(f"{caller}: the base reward of {_where(idx(bad[0]))} is {base[bad[0]]}; "
+                         "expected a finite number")
     if shaping_fn is None: out = base
     else:
         def shape_one(i):
             try: value = shaping_fn(rs[i], base[i])
             except Exception as e:
-                if hasattr(e, "add_note"): e.add_note(f"{caller}: raised by shaping function `{_fn_name(shaping_fn)}` on {_where(idx(i))}")
+                if hasattr(e, "add_note"):
+                    e.add_note(f"{caller}: raised by shaping function `{_fn_name(shaping_fn)}` on {_where(idx(i))}")
                 raise
             return _check_scalar(value, caller, shaping_fn, idx(i), kind="shaping function")
         out = [shape_one(i) for i in range(len(rs))]
@@ -364,7 +407,9 @@ def kl_penalty_shaping(
     if not isinstance(kl_coef, numbers.Real) or not 0 <= kl_coef < math.inf:
         raise ValueError(f"kl_penalty_shaping: `kl_coef` must be a finite number >= 0, got {kl_coef!r}")
     def kl_penalty(rollout: Rollout, reward: float) -> float:
-        if rollout.kl_divergence is None: raise ValueError("kl_penalty_shaping: `rollout.kl_divergence` is None; compute the sequence KL first (rlnb.kl)")
+        if rollout.kl_divergence is None:
+            raise ValueError("kl_penalty_shaping: `rollout.kl_divergence` is None; "
+                             "compute the sequence KL first (rlnb.kl)")
         return reward - kl_coef * rollout.kl_divergence
     return kl_penalty
 
@@ -384,7 +429,8 @@ def format_reward(
 ) -> Callable[[Rollout], float]:
     "A reward function: `reward` if `rollout.generation.text` matches `pattern`, else `penalty`."
     try: rx = re.compile(pattern, flags)
-    except re.error as e: raise ValueError(f"format_reward: `pattern` {pattern!r} is not a valid regular expression ({e})") from None
+    except re.error as e:
+        raise ValueError(f"format_reward: `pattern` {pattern!r} is not a valid regular expression ({e})") from None
     match = rx.fullmatch if fullmatch else rx.search
     def format_reward(rollout: Rollout) -> float:
         return reward if match(_completion_text(rollout, "format_reward")) else penalty
@@ -404,7 +450,8 @@ def exact_match_reward(
 ) -> float:
     "1.0 if the (parsed, stripped) completion equals `rollout.answer` (numerically when both are numbers), else 0.0."
     text = _completion_text(rollout, "exact_match_reward")
-    if rollout.answer is None: raise ValueError("exact_match_reward: `rollout.answer` is None; the task must set the reference answer")
+    if rollout.answer is None:
+        raise ValueError("exact_match_reward: `rollout.answer` is None; the task must set the reference answer")
     pred = (parse_fn(text) if parse_fn is not None else text)
     pred, ref = str(pred).strip(), str(rollout.answer).strip()
     a, b = _as_number(pred), _as_number(ref)
@@ -416,20 +463,24 @@ def _policy_length(rollout: Rollout) -> int:
     "Tokens the policy produced in this rollout (characters of the text when no token ids are known)."
     if rollout.loss_mask is not None: return int(sum(rollout.loss_mask))
     if len(rollout.token_ids) > 0: return len(rollout.token_ids)
-    if rollout.generation is not None and rollout.generation.token_ids is not None: return len(rollout.generation.token_ids)
+    if rollout.generation is not None and rollout.generation.token_ids is not None:
+        return len(rollout.generation.token_ids)
     return len(_completion_text(rollout, "length_penalty_reward"))
 
 
 def length_penalty_reward(
     max_length: int = 512,  # hard budget: longer completions get -1
-    buffer_length: int = 0,  # the penalty ramps linearly from 0 to -1 over the last `buffer_length` tokens of the budget
+    buffer_length: int = 0,  # penalty ramps linearly from 0 to -1 over the last `buffer_length` tokens of the budget
     min_length: int = 0,  # shorter completions are penalised linearly (0 tokens: -1)
     length_fn: Callable[[Rollout], int] | None = None,  # rollout -> length; None = tokens the policy wrote
 ) -> Callable[[Rollout], float]:
     "A reward function in [-1, 0]: 0 within budget, linear ramps to -1 when too long (or too short)."
-    if not 0 <= buffer_length <= max_length: raise ValueError(f"length_penalty_reward: `buffer_length` must be in [0, max_length={max_length}], got {buffer_length}")
+    if not 0 <= buffer_length <= max_length:
+        raise ValueError(f"length_penalty_reward: `buffer_length` must be in [0, max_length={max_length}], "
+                         f"got {buffer_length}")
     if not 0 <= min_length <= max_length - buffer_length:
-        raise ValueError(f"length_penalty_reward: `min_length` must be in [0, max_length - buffer_length = {max_length - buffer_length}], got {min_length}")
+        raise ValueError(f"length_penalty_reward: `min_length` must be in "
+                         f"[0, max_length - buffer_length = {max_length - buffer_length}], got {min_length}")
     soft = max_length - buffer_length
     def length_penalty_reward(rollout: Rollout) -> float:
         n = (length_fn or _policy_length)(rollout)
@@ -459,16 +510,21 @@ def create_reward_transform(
     shaping_fn: Callable[[Rollout, float], float] | None = None,  # (rollout, reward) -> shaped reward
     normalizer: str | Callable | None = None,  # "zscore", "minmax", "rank" or rewards -> rewards, within each group
 ) -> Callable[[Tensor, Tensor, Sequence[Rollout]], Tensor]:
-    "A `reward_transform(rewards (B,) or (B, K), group_ids (B,), rollouts) -> (B,)`: aggregate, then shape, then normalise."
+    "A `reward_transform(rewards (B,) or (B, K), group_ids (B,), rollouts) -> (B,)`: aggregate, shape, then normalise."
     fn = "create_reward_transform"
-    if aggregator is not None and weights is not None: raise ValueError(f"{fn}: pass `aggregator` or `weights`, not both")
-    if isinstance(normalizer, str) and normalizer not in NORMALIZERS: raise ValueError(f"{fn}: unknown `normalizer` {normalizer!r}; expected one of {sorted(NORMALIZERS)} or a function")
+    if aggregator is not None and weights is not None:
+        raise ValueError(f"{fn}: pass `aggregator` or `weights`, not both")
+    if isinstance(normalizer, str) and normalizer not in NORMALIZERS:
+        raise ValueError(f"{fn}: unknown `normalizer` {normalizer!r}; "
+                         f"expected one of {sorted(NORMALIZERS)} or a function")
     if isinstance(aggregator, str) and aggregator != "pareto":
         raise ValueError(f"{fn}: unknown `aggregator` {aggregator!r}; expected 'pareto' or a function")
     vector = aggregator is not None or weights is not None
     def reward_transform(rewards: Tensor, group_ids: Tensor, rollouts: Sequence[Rollout]) -> Tensor:
         r = _as_reward_tensor(rewards, "reward_transform")
-        if r.ndim == 2 and not vector: raise ValueError(f"reward_transform: rewards have {r.shape[1]} components per rollout; build the transform with `weights` or an `aggregator`")
+        if r.ndim == 2 and not vector:
+            raise ValueError(f"reward_transform: rewards have {r.shape[1]} components per rollout; "
+                             "build the transform with `weights` or an `aggregator`")
         if isinstance(aggregator, str): r = pareto_reward(r, group_ids)  # (B,) front in the group; (B,) is K = 1
         elif r.ndim == 2: r = aggregate_vector_rewards(r, aggregator, weights)  # (B,)
         if shaping_fn is not None: r = apply_reward_shaping(list(rollouts), r, shaping_fn).to(r.device)  # (B,)

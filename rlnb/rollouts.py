@@ -7,14 +7,15 @@ Docs: https://rlnb.github.io/rlnb/rollouts.html.md"""
 # %% ../nbs/09_rollouts.ipynb #6dc2578d
 from __future__ import annotations
 import reprlib
+from collections.abc import ItemsView, KeysView, Set
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from .tasks import TaskExample
-from .core import (Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState, collate, model_device,
-                       pad_token_id)
+from .core import (_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState,
+                       _check_seed, check_tool_calls, collate, model_device, pad_token_id)
 from .chat import format_prompt
 from .generation import batch_generate
 from .logprobs import compute_logprobs_for_tokens
@@ -22,13 +23,32 @@ from .kl import compute_per_token_kl, get_reference_logprobs
 from .rewards import _call, _check_scalar, _check_vector
 
 # %% auto #0
-__all__ = ['score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe', 'create_rollout', 'create_rollout_fn',
-           'DataBuffer', 'create_prompt_loader', 'greedy_rollouts', 'evaluate_accuracy', 'create_eval_fn']
+__all__ = ['check_ordered', 'score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe', 'create_rollout',
+           'create_rollout_fn', 'DataBuffer', 'create_prompt_loader', 'greedy_rollouts', 'evaluate_accuracy',
+           'create_eval_fn']
 
 # %% ../nbs/09_rollouts.ipynb #5038b018
+def _unordered(x) -> bool:
+    "A set-like collection (set, frozenset): its order changes between processes. A dict's keys keep their order."
+    return isinstance(x, Set) and not isinstance(x, (KeysView, ItemsView))
+
+
+def check_ordered(
+    items,  # a collection of prompts (or answers)
+    name: str = "prompts",  # the argument it came in, for the message
+    fn: str = "train",  # the caller's name, for the message
+) -> None:
+    "Refuse a set (or frozenset): with no order of its own, a seeded run and its resume would not see the same prompts."
+    if _unordered(items):
+        raise TypeError(f"{fn}: `{name}` is a {type(items).__name__}, which has no order: it changes from one process "
+                        f"to the next (PYTHONHASHSEED), so a seeded run and its resume would not be reproducible; "
+                        f"pass a list, e.g. sorted({name})")
+
+
 def _as_list(x, name: str, fn: str) -> list:
     if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
         raise TypeError(f"{fn}: `{name}` must be a list, got {type(x).__name__}")
+    check_ordered(x, name, fn)
     return list(x)
 
 
@@ -42,7 +62,8 @@ def _prompt_inputs(
 ) -> tuple[list[str], list[str], list, list[Conversation]]:
     "Formatted prompt texts, raw questions, answers and starting conversations, one per prompt."
     prompts = _as_list(prompts, "prompts", fn)
-    if not prompts: raise ValueError(f"{fn}: `prompts` is empty; expected at least one prompt")
+    if not prompts:
+        raise ValueError(f"{fn}: `prompts` is empty; expected at least one prompt")
     if answers is not None:
         answers = _as_list(answers, "answers", fn)
         if len(answers) != len(prompts):
@@ -60,7 +81,8 @@ def _prompt_inputs(
                 if answer is None: answer = getattr(p, "answer", None)
                 p = p.prompt
             if not isinstance(p, str):
-                raise TypeError(f"{fn}: prompts[{i}] is a {type(p).__name__}; expected a str, a Conversation or a record with `.prompt`")
+                raise TypeError(f"{fn}: prompts[{i}] is a {type(p).__name__}; "
+                                "expected a str, a Conversation or a record with `.prompt`")
             if not p: raise ValueError(f"{fn}: prompts[{i}] is an empty string")
             msgs = ((Message("system", system_prompt),) if system_prompt else ()) + (Message("user", p),)
             conv, question = Conversation(msgs), p
@@ -72,7 +94,8 @@ def _prompt_inputs(
 def _checked_reward(reward_fn: Callable, rollout: Rollout, index: int, fn: str = "create_batch_rollouts"):
     "`reward_fn(rollout)` checked as rlnb.rewards checks it: a finite float, or a tuple of finite floats for a vector."
     value = _call(reward_fn, rollout, fn, index)
-    if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1: return tuple(_check_vector(value, fn, reward_fn, index))
+    if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
+        return tuple(_check_vector(value, fn, reward_fn, index))
     return _check_scalar(value, fn, reward_fn, index)
 
 # %% ../nbs/09_rollouts.ipynb #8aa95225
@@ -86,19 +109,24 @@ def score_rollouts(
     ref_logprob_fn: Callable | None = None,  # custom reference scorer, same signature as `get_reference_logprobs`
     kl_fn: Callable | None = None,  # per-token KL estimator (logprobs, ref_logprobs) -> (B, C); None = k3
 ) -> list[Rollout]:
-    "Attach old-policy `logprobs` (and `ref_logprobs`, per-token and summed KL) to rollouts: one batched pass per model."
+    "Attach old-policy `logprobs` (and `ref_logprobs`, per-token and total KL) to rollouts: one batched pass per model."
     rollouts = list(rollouts)
     if model is None and ref_model is None: return rollouts
     anchor = model if model is not None else ref_model
-    anchor = getattr(anchor, "model", anchor) if not isinstance(anchor, torch.nn.Module) else anchor  # an adapters-off handle
-    cb = collate(rollouts, pad_token_id(tokenizer, "score_rollouts"), tokenizer.eos_token_id, device=model_device(anchor))
+    # an adapters-off handle
+    anchor = getattr(anchor, "model", anchor) if not isinstance(anchor, torch.nn.Module) else anchor
+    cb = collate(rollouts, pad_token_id(tokenizer, "score_rollouts"), tokenizer.eos_token_id,
+                 device=model_device(anchor))
     C = cb.completion_ids.shape[1]
     with torch.no_grad():
         old = None if model is None else compute_logprobs_for_tokens(
-            model, cb.input_ids, cb.attention_mask, C, temperature=temperature, micro_batch_size=micro_batch_size).float()  # (B, C)
+            model, cb.input_ids, cb.attention_mask, C,
+            temperature=temperature, micro_batch_size=micro_batch_size).float()  # (B, C)
         ref = None if ref_model is None else (ref_logprob_fn or get_reference_logprobs)(
-            ref_model, cb.input_ids, cb.attention_mask, C, temperature=temperature, micro_batch_size=micro_batch_size).float()  # (B, C)
-        kl = None if old is None or ref is None else compute_per_token_kl(old, ref, kl_fn=kl_fn, mask=cb.loss_mask)  # (B, C)
+            ref_model, cb.input_ids, cb.attention_mask, C,
+            temperature=temperature, micro_batch_size=micro_batch_size).float()  # (B, C)
+        kl = (None if old is None or ref is None
+              else compute_per_token_kl(old, ref, kl_fn=kl_fn, mask=cb.loss_mask))  # (B, C)
     cols = {"logprobs": old, "ref_logprobs": ref, "per_token_kl": kl}
     cols = {k: v.cpu() for k, v in cols.items() if v is not None}
     seq_kl = kl.sum(1).tolist() if kl is not None else None  # (B,) summed over the policy's tokens
@@ -112,15 +140,8 @@ def score_rollouts(
 
 # %% ../nbs/09_rollouts.ipynb #c3e88e4c
 def _parsed_calls(tool_parser: Callable, text: str, fn: str) -> tuple:
-    "`tool_parser(text)` checked: a list of calls, each a dict with a str 'name' and its 'arguments'."
-    calls = tool_parser(text)
-    if isinstance(calls, (str, bytes, Mapping)) or not isinstance(calls, Sequence):
-        raise TypeError(f"{fn}: `tool_parser` returned a {type(calls).__name__}; expected a list of calls (dicts)")
-    for call in calls:
-        if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
-            raise TypeError(f"{fn}: `tool_parser` returned {reprlib.repr(call)} among its calls; each call must be a "
-                            "dict with a str 'name' (and its 'arguments')")
-    return tuple(calls)
+    "`tool_parser(text)`, checked by `check_tool_calls`."
+    return tuple(check_tool_calls(tool_parser(text), fn))
 
 
 def create_batch_rollouts(
@@ -142,12 +163,14 @@ def create_batch_rollouts(
     if not isinstance(gen_config, GenerationConfig):
         raise TypeError(f"{fn}: `gen_config` must be a GenerationConfig, got {type(gen_config).__name__}")
     n = gen_config.num_return_sequences
-    if not isinstance(n, int) or n < 1: raise ValueError(f"{fn}: `gen_config.num_return_sequences` must be a positive int, got {n!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"{fn}: `gen_config.num_return_sequences` must be a positive int, got {n!r}")
     texts, questions, answers, convs = _prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
     kw = {} if batch_size is None else {"batch_size": batch_size}
     gens = batch_generate(model, tokenizer, texts, gen_config, generator=generator, **kw)
     if len(gens) != len(texts) * n:
-        raise ValueError(f"{fn}: batch_generate returned {len(gens)} generations, expected {len(texts) * n} ({len(texts)} prompts x {n})")
+        raise ValueError(f"{fn}: batch_generate returned {len(gens)} generations, "
+                         f"expected {len(texts) * n} ({len(texts)} prompts x {n})")
     rollouts = []
     for k, g in enumerate(gens):
         i = k // n  # prompt-major: all n samples of prompt 0 come first
@@ -159,10 +182,12 @@ def create_batch_rollouts(
             prompt=texts[i], generation=g, prompt_token_ids=list(prompt_ids), token_ids=list(g.token_ids or ()),
             conversation=conv, tool_calls=calls, group_index=i, answer=answers[i],
             status="completed" if g.finish_reason == "stop" else "truncated",
-            metadata={"prompt_index": i, "sample_index": k % n, "question": questions[i], "finish_reason": g.finish_reason}))
+            metadata={"prompt_index": i, "sample_index": k % n, "question": questions[i],
+                      "finish_reason": g.finish_reason}))
     if reward_fn is not None:
         rollouts = [r._replace(rewards=_checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
-    if ref_model is not None: rollouts = score_rollouts(rollouts, model, tokenizer, ref_model, temperature=gen_config.temperature)
+    if ref_model is not None:
+        rollouts = score_rollouts(rollouts, model, tokenizer, ref_model, temperature=gen_config.temperature)
     return Batch(rollouts, {"num_prompts": len(texts), "group_size": n, "gen_config": gen_config})
 
 # %% ../nbs/09_rollouts.ipynb #5817e4f7
@@ -207,7 +232,8 @@ def create_rollout(
         prompt = conversation
     answers = None if answer is None else [answer]
     batch = create_batch_rollouts(model, tokenizer, [prompt], gen_config._replace(num_return_sequences=1),
-                                  ref_model=ref_model, reward_fn=reward_fn, tool_parser=tool_parser, answers=answers, **kwargs)
+                                  ref_model=ref_model, reward_fn=reward_fn, tool_parser=tool_parser, answers=answers,
+                                  **kwargs)
     return batch.rollouts[0]
 
 # %% ../nbs/09_rollouts.ipynb #edaa75f8
@@ -219,37 +245,41 @@ def create_rollout_fn(
     system_prompt: str | None = None,  # system message for plain prompts
     batch_size: int | None = None,  # prompts per generation call (None = batch_generate's default)
 ) -> Callable:
-    "The default `rollout_fn(model, tokenizer, prompts, config) -> Batch`: `create_batch_rollouts` with these hooks bound."
+    "Default `rollout_fn(model, tokenizer, prompts, config) -> Batch`: `create_batch_rollouts` with these hooks bound."
     def rollout_fn(model, tokenizer, prompts, config: TrainingConfig) -> Batch:
         gen_config = GenerationConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                       num_return_sequences=config.group_size)
-        return create_batch_rollouts(model, tokenizer, prompts, gen_config, reward_fn=reward_fn, tool_parser=tool_parser,
-                                     batch_size=batch_size, system_prompt=system_prompt, generator=generator, template_fn=template_fn)
+        return create_batch_rollouts(model, tokenizer, prompts, gen_config, reward_fn=reward_fn,
+                                     tool_parser=tool_parser, batch_size=batch_size, system_prompt=system_prompt,
+                                     generator=generator, template_fn=template_fn)
     return rollout_fn
 
 # %% ../nbs/09_rollouts.ipynb #66027dbb
 class DataBuffer:
-    "A dataset's prompts in seeded epochs, drawn `n` at a time; its `state_dict()` rides in checkpoints, so a resumed run draws what an uninterrupted one would."
+    "A dataset's prompts in seeded epochs, `n` at a time; `state_dict()` in checkpoints: a resumed run draws the same."
     def __init__(self,
                  prompts: Sequence,  # the dataset: prompts, TaskExamples or Conversations (at least one)
                  seed: int = 0):  # epoch k visits every prompt once, in an order seeded by (seed, k)
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
             raise TypeError(f"DataBuffer: `prompts` must be a list of prompts, got {type(prompts).__name__}")
-        if isinstance(seed, bool) or not isinstance(seed, int): raise TypeError(f"DataBuffer: `seed` must be an int, got {seed!r}")
-        self.prompts, self.seed, self.drawn = list(prompts), seed, 0
+        check_ordered(prompts, "prompts", "DataBuffer")
+        self.prompts, self.seed, self.drawn = list(prompts), _check_seed(seed, "DataBuffer"), 0
         if not self.prompts: raise ValueError("DataBuffer: `prompts` is empty; expected at least one prompt")
         self._cached = (-1, None)  # (epoch, its order)
 
     def _order(self, epoch: int) -> Tensor:
         if self._cached[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            # (seed, epoch) -> one of the 2**64 seeds a Generator takes (the identity for every seed that fits)
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % 2**64)
             self._cached = (epoch, torch.randperm(len(self.prompts), generator=g))  # (N,)
         return self._cached[1]
 
     def prompts_at(self, start: int, n: int) -> list:
         "The prompts at stream positions start .. start+n-1 (the stream is epoch after epoch), without drawing them."
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0: raise ValueError(f"DataBuffer: `n` must be an int >= 0, got {n!r}")
-        return [self.prompts[int(self._order(j // len(self.prompts))[j % len(self.prompts)])] for j in range(start, start + n)]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"DataBuffer: `n` must be an int >= 0, got {n!r}")
+        return [self.prompts[int(self._order(j // len(self.prompts))[j % len(self.prompts)])]
+                for j in range(start, start + n)]
 
     def get_prompts(self, n: int) -> list:
         "The next `n` prompts of the stream; the buffer moves past them."
@@ -265,14 +295,18 @@ class DataBuffer:
     def load_state_dict(self, state: Mapping) -> None:
         "Continue from a saved position; the dataset (its size) and the seed must be the saved buffer's."
         if not isinstance(state, Mapping) or not {"seed", "drawn", "size"} <= set(state):
-            raise ValueError(f"DataBuffer.load_state_dict: expected a dict with seed, drawn and size (from state_dict()), got {state!r}")
+            raise ValueError(f"DataBuffer.load_state_dict: expected a dict with seed, drawn and size "
+                             f"(from state_dict()), got {state!r}")
         if (state["size"], state["seed"]) != (len(self.prompts), self.seed):
-            raise ValueError(f"DataBuffer.load_state_dict: the saved buffer had {state['size']} prompts and seed {state['seed']}; this one has "
-                             f"{len(self.prompts)} and seed {self.seed}: not the same stream")
+            raise ValueError(f"DataBuffer.load_state_dict: the saved buffer had {state['size']} prompts and seed "
+                             f"{state['seed']}; this one has {len(self.prompts)} and seed {self.seed}: "
+                             "not the same stream")
         self.drawn = int(state["drawn"])
 
     def __len__(self) -> int: return len(self.prompts)
-    def __repr__(self) -> str: return f"DataBuffer({len(self.prompts)} prompts, seed={self.seed}, drawn={self.drawn}, epoch={self.epoch})"
+    def __repr__(self) -> str:
+        return (f"DataBuffer({len(self.prompts)} prompts, seed={self.seed}, "
+                f"drawn={self.drawn}, epoch={self.epoch})")
 
 # %% ../nbs/09_rollouts.ipynb #453a3381
 def create_prompt_loader(
@@ -280,10 +314,15 @@ def create_prompt_loader(
     prompts_per_step: int,  # prompts per iteration
     seed: int = 0,  # the run's seed
 ) -> Callable[[int], list]:
-    "A `prompt_loader(iteration) -> prompts`: deterministic in (seed, iteration), so a resumed run sees the same prompts."
+    "A `prompt_loader(iteration) -> prompts`: deterministic in (seed, iteration), so resumed runs see the same prompts."
     if not isinstance(prompts_per_step, int) or isinstance(prompts_per_step, bool) or prompts_per_step < 1:
         raise ValueError(f"create_prompt_loader: `prompts_per_step` must be an int >= 1, got {prompts_per_step!r}")
-    if hasattr(source, "sample"): return lambda iteration: source.sample(prompts_per_step, seed=seed * 1_000_003 + iteration)
+    if prompts_per_step > _MAXIMA["prompts_per_step"]:
+        raise ValueError(f"create_prompt_loader: `prompts_per_step` must be <= {_MAXIMA['prompts_per_step']:,} "
+                         f"(TrainingConfig's limit), got {prompts_per_step:,}")
+    _check_seed(seed, "create_prompt_loader")
+    if hasattr(source, "sample"):
+        return lambda iteration: source.sample(prompts_per_step, seed=seed * 1_000_003 + iteration)
     if hasattr(source, "__len__") and not isinstance(source, (str, bytes)) and len(source) == 0:
         raise ValueError("create_prompt_loader: `source` is an empty list of prompts")
     buffer = DataBuffer(source, seed)  # the same seeded epochs, read at the iteration's position
@@ -294,10 +333,13 @@ def _split_prompts(items, fn: str = "train") -> list:
     "prompt_loader output -> a list of prompts; a (prompts, answers) pair of strings becomes TaskExamples."
     if isinstance(items, tuple) and len(items) == 2 and not hasattr(items, "_fields"):
         prompts, answers = list(items[0]), list(items[1])
-        if len(prompts) != len(answers): raise ValueError(f"{fn}: `prompt_loader` returned {len(prompts)} prompts but {len(answers)} answers")
+        if len(prompts) != len(answers):
+            raise ValueError(f"{fn}: `prompt_loader` returned {len(prompts)} prompts but {len(answers)} answers")
         return [TaskExample(p, a) if isinstance(p, str) else p for p, a in zip(prompts, answers)]
-    if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__len__"):
-        raise TypeError(f"{fn}: `prompt_loader` must return a list of prompts (or a (prompts, answers) pair), got {type(items).__name__}")
+    if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__len__") or _unordered(items):
+        raise TypeError(f"{fn}: `prompt_loader` must return a list of prompts (or a (prompts, answers) pair), "
+                        f"got {type(items).__name__}" + (" (no order: runs would not be reproducible)"
+                                                         if _unordered(items) else ""))
     return list(items)
 
 # %% ../nbs/09_rollouts.ipynb #95ccee46

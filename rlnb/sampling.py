@@ -51,7 +51,8 @@ def min_reward_filter(
     statistic: str = "mean",  # "mean", "max" (some completion reaches it) or "min" (every completion does)
 ) -> Callable[[Sequence[Rollout]], bool]:
     "A group filter keeping groups whose mean (or max, or min) reward is at least `threshold`."
-    if statistic not in _STATISTICS: raise ValueError(f"min_reward_filter: `statistic` must be one of {sorted(_STATISTICS)}, got {statistic!r}")
+    if statistic not in _STATISTICS:
+        raise ValueError(f"min_reward_filter: `statistic` must be one of {sorted(_STATISTICS)}, got {statistic!r}")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
         raise ValueError(f"min_reward_filter: `threshold` must be a finite number, got {threshold!r}")
     reduce = _STATISTICS[statistic]
@@ -85,8 +86,10 @@ def length_filter(
     "A group filter dropping groups with a too-short, too-long or (by default) truncated completion."
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
         raise ValueError(f"length_filter: `min_tokens` must be an int >= 0, got {min_tokens!r}")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < min_tokens):
-        raise ValueError(f"length_filter: `max_tokens` must be None or an int >= min_tokens = {min_tokens}, got {max_tokens!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < min_tokens):
+        raise ValueError(f"length_filter: `max_tokens` must be None or an int >= min_tokens = {min_tokens}, "
+                         f"got {max_tokens!r}")
     def length_filter(group: Sequence[Rollout]) -> bool:
         for r in group:
             n = _policy_length(r)
@@ -101,7 +104,8 @@ def combine_filters(
 ) -> Callable[[Sequence[Rollout]], bool]:
     "One group filter that keeps a group only if every one of `filters` keeps it."
     for i, f in enumerate(filters):
-        if not callable(f): raise TypeError(f"combine_filters: filter {i} is a {type(f).__name__}, not a function group -> bool")
+        if not callable(f):
+            raise TypeError(f"combine_filters: filter {i} is a {type(f).__name__}, not a function group -> bool")
     def combined_filter(group: Sequence[Rollout]) -> bool:
         return all(f(group) for f in filters)
     return combined_filter
@@ -114,7 +118,8 @@ def create_prompt_source(
     if hasattr(source, "sample"): return lambda n, seed: list(source.sample(n, seed=seed))
     if callable(source): return source
     if isinstance(source, (str, bytes)) or not hasattr(source, "__len__"):
-        raise TypeError(f"create_prompt_source: `source` must be a Task, a list of prompts or a function (n, seed) -> prompts, got {type(source).__name__}")
+        raise TypeError(f"create_prompt_source: `source` must be a Task, a list of prompts or a function "
+                        f"(n, seed) -> prompts, got {type(source).__name__}")
     prompts = list(source)
     if not prompts: raise ValueError("create_prompt_source: `source` is an empty list of prompts")
     return lambda n, seed: DataBuffer(prompts, seed).prompts_at(0, n)  # the seed's stream of epochs, from its start
@@ -140,7 +145,9 @@ def _round_prompts(prompts: list, source: Callable | None, n: int, seed: int, sa
     if source is None: return [prompts[(drawn + j) % len(prompts)] for j in range(n)]  # cycle the iteration's prompts
     own = prompts[:n] if sampling_round == 0 else []
     extra = [] if n == len(own) else list(source(n - len(own), _round_seed(prompts, seed, sampling_round)))
-    if len(extra) != n - len(own): raise ValueError(f"create_filtered_rollout_fn: `prompt_source` returned {len(extra)} prompts, expected {n - len(own)}")
+    if len(extra) != n - len(own):
+        raise ValueError(f"create_filtered_rollout_fn: `prompt_source` returned {len(extra)} prompts, "
+                         f"expected {n - len(own)}")
     return own + extra
 
 # %% ../nbs/09b_sampling.ipynb #dc9331b8
@@ -153,11 +160,15 @@ def create_filtered_rollout_fn(
 ) -> Callable:
     "A `rollout_fn` with the same contract returning only groups that pass `group_filter`, sampling more if needed."
     fn = "create_filtered_rollout_fn"
-    if not callable(rollout_fn): raise TypeError(f"{fn}: `rollout_fn` must be a function (model, tokenizer, prompts, config) -> Batch")
-    if not callable(group_filter): raise TypeError(f"{fn}: `group_filter` must be a function group -> bool, got {type(group_filter).__name__}")
-    if isinstance(over_sampling_factor, bool) or not isinstance(over_sampling_factor, (int, float)) or not 1 <= over_sampling_factor < math.inf:
+    if not callable(rollout_fn):
+        raise TypeError(f"{fn}: `rollout_fn` must be a function (model, tokenizer, prompts, config) -> Batch")
+    if not callable(group_filter):
+        raise TypeError(f"{fn}: `group_filter` must be a function group -> bool, got {type(group_filter).__name__}")
+    if (isinstance(over_sampling_factor, bool) or not isinstance(over_sampling_factor, (int, float))
+            or not 1 <= over_sampling_factor < math.inf):
         raise ValueError(f"{fn}: `over_sampling_factor` must be a finite number >= 1, got {over_sampling_factor!r}")
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1: raise ValueError(f"{fn}: `max_rounds` must be an int >= 1, got {max_rounds!r}")
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+        raise ValueError(f"{fn}: `max_rounds` must be an int >= 1, got {max_rounds!r}")
     source = None if prompt_source is None else create_prompt_source(prompt_source)
     def filtered_rollout_fn(model, tokenizer, prompts, config: TrainingConfig) -> Batch:
         prompts = list(prompts)
@@ -167,16 +178,18 @@ def create_filtered_rollout_fn(
         while len(kept) < needed and rounds < max_rounds:
             n = math.ceil(over_sampling_factor * (needed - len(kept)) - 1e-9)  # 1e-9: 1.1 x 10 is 11, not 12
             batch = rollout_fn(model, tokenizer, _round_prompts(prompts, source, n, config.seed, rounds, drawn), config)
-            if not isinstance(batch, Batch): raise TypeError(f"{fn}: the wrapped `rollout_fn` must return a Batch, got {type(batch).__name__}")
+            if not isinstance(batch, Batch):
+                raise TypeError(f"{fn}: the wrapped `rollout_fn` must return a Batch, got {type(batch).__name__}")
             if meta is None: meta = dict(batch.batch_metadata or {})
             groups = batch_groups(batch)
             good = [(rounds, g) for g in groups if group_filter(g)]
-            generated, passed, drawn, rounds, kept = generated + len(groups), passed + len(good), drawn + n, rounds + 1, kept + good
+            generated, passed, drawn, rounds, kept = (generated + len(groups), passed + len(good), drawn + n,
+                                                      rounds + 1, kept + good)
         kept = kept[:needed]
         rollouts = [r._replace(group_index=i, metadata={**(r.metadata or {}), "prompt_index": i, "sampling_round": k})
                     for i, (k, group) in enumerate(kept) for r in group]
-        stats = {"sampling/groups_requested": needed, "sampling/groups_generated": generated, "sampling/groups_passed": passed,
-                 "sampling/groups_kept": len(kept), "sampling/rounds": rounds,
+        stats = {"sampling/groups_requested": needed, "sampling/groups_generated": generated,
+                 "sampling/groups_passed": passed, "sampling/groups_kept": len(kept), "sampling/rounds": rounds,
                  "sampling/kept_frac": len(kept) / max(generated, 1), "sampling/pass_frac": passed / max(generated, 1)}
         return Batch(rollouts, {**meta, "num_prompts": len(kept), **stats})
     return filtered_rollout_fn
@@ -186,14 +199,17 @@ def sampling_settings(
     config,  # a TrainingConfig
     algorithm_defaults=None,  # the algorithm's run-level defaults (e.g. rlnb.catalogue.DAPO_DEFAULTS), or None
 ) -> dict:
-    "dynamic_sampling, over_sampling_factor, max_sampling_rounds, overlong_buffer, overlong_penalty: the config's, else the algorithm's, else off."
-    defaults = {"dynamic_sampling": False, "over_sampling_factor": 1.0, "max_sampling_rounds": 3, "overlong_buffer": 0, "overlong_penalty": 1.0}
-    defaults.update({k: v for k, v in dict(algorithm_defaults or {}).items() if k in defaults})  # not e.g. the paper's group_size
+    "dynamic_sampling, over_sampling_factor, max_sampling_rounds, overlong_*: config's, else algorithm's, else off."
+    defaults = {"dynamic_sampling": False, "over_sampling_factor": 1.0, "max_sampling_rounds": 3,
+                "overlong_buffer": 0, "overlong_penalty": 1.0}
+    # only the keys above: not e.g. the paper's group_size
+    defaults.update({k: v for k, v in dict(algorithm_defaults or {}).items() if k in defaults})
     out = {k: defaults[k] if getattr(config, k, None) is None else getattr(config, k) for k in defaults}
     if not out["dynamic_sampling"]:
         for k in ("over_sampling_factor", "max_sampling_rounds"):
             if getattr(config, k) is not None:
-                raise ValueError(f"train: `config.{k}`={getattr(config, k)!r} would be ignored: dynamic sampling is off (set dynamic_sampling=True)")
+                raise ValueError(f"train: `config.{k}`={getattr(config, k)!r} would be ignored: "
+                                 "dynamic sampling is off (set dynamic_sampling=True)")
     return out
 
 # %% ../nbs/09b_sampling.ipynb #7b5ab12e

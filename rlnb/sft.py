@@ -6,12 +6,14 @@ Docs: https://rlnb.github.io/rlnb/sft.html.md"""
 
 # %% ../nbs/14_sft.ipynb #b3f11162
 from __future__ import annotations
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from .core import Batch, CollatedBatch, Conversation, Generation, Message, Rollout, TrainingConfig, create_training_config
+from .core import (Batch, CollatedBatch, Conversation, Generation, Message, Rollout, TrainingConfig,
+                       create_training_config)
 from .chat import apply_chat_template, format_prompt
 from .loggers import metrics_record
 from .training import train
@@ -25,41 +27,49 @@ def _pieces(conversation: Conversation, tokenizer, template_fn) -> tuple[str, li
     msgs = tuple(conversation.messages)
     turns = [i for i, m in enumerate(msgs) if m.role == "assistant"]
     if not turns: raise ValueError("sft: a conversation needs at least one assistant message to learn from")
-    render = lambda upto, gen: apply_chat_template(Conversation(msgs[:upto]), tokenizer, template_fn=template_fn, add_generation_prompt=gen)
+    render = lambda upto, gen: apply_chat_template(Conversation(msgs[:upto]), tokenizer, template_fn=template_fn,
+                                                   add_generation_prompt=gen)
     prompt = render(turns[0], True)
     pieces, done = [], prompt
     for i in turns:
         head, full = render(i, True), render(i + 1, False)
         if not (head.startswith(done) and full.startswith(head)):
-            raise ValueError("sft: the chat template does not render a conversation as a growing prefix; pass a `template_fn` that does")
+            raise ValueError("sft: the chat template does not render a conversation as a growing prefix; "
+                             "pass a `template_fn` that does")
         pieces += [(head[len(done):], False), (full[len(head):], True)]
         done = full
     return prompt, [(t, trained) for t, trained in pieces if t]
 
 
 def tokenize_sft_example(
-    example,  # a (prompt, answer) pair, a record with .prompt and .answer (e.g. TaskExample), or a Conversation
+    # a (prompt, answer) pair, a record with .prompt and .answer (e.g. TaskExample), or a Conversation
+    example,
     tokenizer,  # the model's tokenizer (chat template, EOS)
     system_prompt: str | None = None,  # system message before a plain prompt
     template_fn: Callable | None = None,  # (conversation, tokenizer) -> text; None = the chat template
 ) -> Rollout:
-    "One SFT example as a Rollout: prompt tokens, target tokens (answer + EOS, or a conversation's stream) and loss mask."
+    "One SFT example as a Rollout: prompt tokens, target tokens (answer + EOS, or a conversation's stream), loss mask."
     eos = tokenizer.eos_token_id
-    if eos is None: raise ValueError("tokenize_sft_example: `tokenizer` has no EOS token; SFT must teach the model to stop")
+    if eos is None:
+        raise ValueError("tokenize_sft_example: `tokenizer` has no EOS token; SFT must teach the model to stop")
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     if isinstance(example, Conversation):
         prompt, pieces = _pieces(example, tokenizer, template_fn)
         tokens, mask = [], []
         for text, trained in pieces:
             t = ids(text)
-            if trained and eos in t: t_mask = [1] * (len(t) - t[::-1].index(eos)) + [0] * t[::-1].index(eos)  # not after the turn's end
+            # not after the turn's end
+            if trained and eos in t: t_mask = [1] * (len(t) - t[::-1].index(eos)) + [0] * t[::-1].index(eos)
             else: t_mask = [int(trained)] * len(t)
             tokens += t; mask += t_mask
         answer, loss_mask = example.messages[-1].content, mask
     else:
         if isinstance(example, (tuple, list)) and len(example) == 2: question, answer = example
-        elif hasattr(example, "prompt") and hasattr(example, "answer"): question, answer = example.prompt, example.answer
-        else: raise TypeError(f"tokenize_sft_example: expected a (prompt, answer) pair, a record with .prompt/.answer or a Conversation, got {type(example).__name__}")
+        elif hasattr(example, "prompt") and hasattr(example, "answer"):
+            question, answer = example.prompt, example.answer
+        else:
+            raise TypeError(f"tokenize_sft_example: expected a (prompt, answer) pair, a record with .prompt/.answer "
+                            f"or a Conversation, got {type(example).__name__}")
         prompt = format_prompt(question, tokenizer, system_prompt=system_prompt, template_fn=template_fn)
         tokens, loss_mask = ids(str(answer)) + [eos], None
     return Rollout(prompt=prompt, generation=Generation(str(answer), token_ids=tokens, finish_reason="stop"),
@@ -83,7 +93,8 @@ def create_sft_rollout_fn(
 ) -> Callable:
     "A `rollout_fn(model, tokenizer, examples, config) -> Batch` that tokenises SFT examples instead of sampling."
     def sft_rollout_fn(model, tokenizer, examples, config: TrainingConfig) -> Batch:
-        rollouts = [tokenize_sft_example(e, tokenizer, system_prompt, template_fn)._replace(group_index=i) for i, e in enumerate(examples)]
+        rollouts = [tokenize_sft_example(e, tokenizer, system_prompt, template_fn)._replace(group_index=i)
+                    for i, e in enumerate(examples)]
         return Batch(rollouts, {"num_prompts": len(rollouts)})
     return sft_rollout_fn
 
@@ -124,17 +135,23 @@ def sft(
     for i, e in enumerate(examples):  # checked up front: a bad example found mid-run would waste the steps before it
         if isinstance(e, Conversation):
             if not any(m.role == "assistant" for m in e.messages):
-                raise ValueError(f"sft: examples[{i}] is a Conversation without an assistant message; there is nothing to learn from")
+                raise ValueError(f"sft: examples[{i}] is a Conversation without an assistant message; "
+                                 "there is nothing to learn from")
         elif not ((isinstance(e, (tuple, list)) and len(e) == 2) or (hasattr(e, "prompt") and hasattr(e, "answer"))):
-            raise TypeError(f"sft: examples[{i}] is a {type(e).__name__}; expected a (prompt, answer) pair, a record with .prompt/.answer or a Conversation")
-    config = create_training_config(num_iterations=num_iterations, prompts_per_step=batch_size, group_size=1, learning_rate=learning_rate,
-                                    lr_schedule=lr_schedule, warmup_steps=warmup_steps, weight_decay=weight_decay,
-                                    max_grad_norm=max_grad_norm, micro_batch_size=micro_batch_size, lora_r=0, seed=seed,
-                                    eval_every=eval_every if eval_fn is not None else TrainingConfig().eval_every,
-                                    output_dir=output_dir, checkpoint_every=checkpoint_every, resume=resume,
-                                    max_seconds=max_seconds, num_threads=num_threads)
+            raise TypeError(f"sft: examples[{i}] is a {type(e).__name__}; expected a (prompt, answer) pair, "
+                            "a record with .prompt/.answer or a Conversation")
+    with warnings.catch_warnings():  # a short SFT run may end inside the warm-up: sft's default, not a slip
+        warnings.filterwarnings("ignore", message=".*never reaches its peak")
+        config = create_training_config(
+            num_iterations=num_iterations, prompts_per_step=batch_size, group_size=1, learning_rate=learning_rate,
+            lr_schedule=lr_schedule, warmup_steps=warmup_steps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+            micro_batch_size=micro_batch_size, lora_r=0, seed=seed,
+            eval_every=eval_every if eval_fn is not None else TrainingConfig().eval_every, output_dir=output_dir,
+            checkpoint_every=checkpoint_every, resume=resume, max_seconds=max_seconds, num_threads=num_threads)
     records = []
-    loggers = [lambda s, st: records.append(metrics_record(s, st))] + ([] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger])
-    state = train(config, model=model, tokenizer=tokenizer, prompts=list(examples), rollout_fn=create_sft_rollout_fn(system_prompt, template_fn),
-                  algorithm_config={"name": "sft"}, loss_fn=sft_loss, eval_fn=eval_fn, logger=loggers, stop_fn=stop_fn, progress=progress)
+    loggers = [lambda s, st: records.append(metrics_record(s, st))] + (
+        [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger])
+    state = train(config, model=model, tokenizer=tokenizer, prompts=list(examples),
+                  rollout_fn=create_sft_rollout_fn(system_prompt, template_fn), algorithm_config={"name": "sft"},
+                  loss_fn=sft_loss, eval_fn=eval_fn, logger=loggers, stop_fn=stop_fn, progress=progress)
     return state, pd.DataFrame(records)

@@ -105,13 +105,17 @@ def safe_eval(
 ) -> Fraction:
     "The exact value of an integer arithmetic expression, without `eval`: '(3+5)*7' -> Fraction(56)."
     expr = _text(expr, "safe_eval", "expr")
-    if len(expr) > max_length: raise ValueError(f"safe_eval: `expr` has {len(expr)} characters, max_length={max_length}")
+    if len(expr) > max_length:
+        raise ValueError(f"safe_eval: `expr` has {len(expr)} characters, max_length={max_length}")
     if set(expr) - _EXPRESSION_CHARS:
-        raise ValueError(f"safe_eval: `expr` contains {sorted(set(expr) - _EXPRESSION_CHARS)}; allowed: digits + - * / ( ) space")
+        raise ValueError(f"safe_eval: `expr` contains {sorted(set(expr) - _EXPRESSION_CHARS)}; "
+                         "allowed: digits + - * / ( ) space")
     try: tree = ast.parse(expr.strip(), mode="eval")
-    except (SyntaxError, RecursionError, MemoryError): raise ValueError(f"safe_eval: {expr[:60]!r} is not an arithmetic expression") from None
+    except (SyntaxError, RecursionError, MemoryError):
+        raise ValueError(f"safe_eval: {expr[:60]!r} is not an arithmetic expression") from None
     try: return _eval_node(tree.body, max_abs)
-    except RecursionError: raise ValueError(f"safe_eval: `expr` is nested too deeply to evaluate ({len(expr)} characters)") from None
+    except RecursionError:
+        raise ValueError(f"safe_eval: `expr` is nested too deeply to evaluate ({len(expr)} characters)") from None
 
 # %% ../nbs/01_tasks.ipynb #16b90c95
 def expression_numbers(expr: str) -> list[int]:
@@ -195,7 +199,9 @@ def check_countdown(completion_text: str, answer: str) -> bool:
     try: value, numbers = safe_eval(completion_text), sorted(expression_numbers(completion_text))
     except ValueError: return False
     try: target, allowed = safe_eval(answer), sorted(expression_numbers(answer))
-    except (TypeError, ValueError) as e: raise ValueError(f"check_countdown: `answer` must be an arithmetic expression, got {answer!r:.60} ({e})") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"check_countdown: `answer` must be an arithmetic expression, "
+                         f"got {answer!r:.60} ({e})") from None
     return value == target and numbers == allowed
 
 # %% ../nbs/01_tasks.ipynb #42022979
@@ -237,7 +243,8 @@ def reverse_task(
     _check_int("reverse_task", "min_length", min_length, 1)
     _check_int("reverse_task", "max_length", max_length, min_length)
     if not isinstance(alphabet, str) or not alphabet or any(c.isspace() or c == "=" for c in alphabet):
-        raise ValueError(f"reverse_task: `alphabet` must be a non-empty string without whitespace or '=', got {alphabet!r}")
+        raise ValueError(f"reverse_task: `alphabet` must be a non-empty string without whitespace or '=', "
+                         f"got {alphabet!r}")
     def make_example(rng):
         word = "".join(rng.choice(alphabet) for _ in range(rng.randint(min_length, max_length)))
         return TaskExample(f"reverse:{word}=", word[::-1], {"word": word, "question": f"Write '{word}' backwards."})
@@ -263,7 +270,9 @@ def get_task(
     accepted = inspect.signature(factory).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         unknown = sorted(set(difficulty) - set(accepted))
-        if unknown: raise ValueError(f"get_task: task {name!r} got unknown difficulty arguments {unknown}; it accepts {list(accepted)}")
+        if unknown:
+            raise ValueError(f"get_task: task {name!r} got unknown difficulty arguments {unknown}; "
+                             f"it accepts {list(accepted)}")
     return factory(**difficulty)
 
 # %% ../nbs/01_tasks.ipynb #be46a525
@@ -280,7 +289,8 @@ def _parse_record(line: str, where: str, prompt_key: str, answer_key: str, answe
     for key in (prompt_key, answer_key):
         if key not in record: raise ValueError(f"{where}: missing key {key!r} (keys present: {sorted(record)})")
     prompt, raw = record[prompt_key], record[answer_key]
-    if not isinstance(prompt, str): raise ValueError(f"{where}: {prompt_key!r} must be a string, got {type(prompt).__name__}")
+    if not isinstance(prompt, str):
+        raise ValueError(f"{where}: {prompt_key!r} must be a string, got {type(prompt).__name__}")
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
         raise ValueError(f"{where}: {answer_key!r} must be a string or number, got {type(raw).__name__}")
     try: answer = str(raw) if answer_extractor is None else answer_extractor(str(raw))
@@ -302,9 +312,11 @@ def load_jsonl_dataset(
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, 1):
             try: line = raw.decode("utf-8")
-            except UnicodeDecodeError as e: raise ValueError(f"load_jsonl_dataset: {path}, line {line_no}: not UTF-8 text ({e.reason})") from None
+            except UnicodeDecodeError as e:
+                raise ValueError(f"load_jsonl_dataset: {path}, line {line_no}: not UTF-8 text ({e.reason})") from None
             if not line.strip(): continue
-            ex = _parse_record(line, f"load_jsonl_dataset: {path}, line {line_no}", prompt_key, answer_key, answer_extractor)
+            ex = _parse_record(line, f"load_jsonl_dataset: {path}, line {line_no}",
+                               prompt_key, answer_key, answer_extractor)
             examples.append(ex._replace(metadata={**ex.metadata, "source": str(path), "line": line_no}))
     if not examples: raise ValueError(f"load_jsonl_dataset: {path} has no examples; expected one JSON object per line")
     return examples

@@ -28,8 +28,10 @@ __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION
            'read_tiny_history', 'load_tiny_model']
 
 # %% ../nbs/16_tiny.ipynb #a6a16885
-SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>")  # control tokens, skipped by `skip_special_tokens`
-TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")  # one token each, kept on decode
+# control tokens, skipped by `skip_special_tokens`
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>")
+# one token each, kept on decode
+TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -87,12 +89,18 @@ def build_tiny_model(
     from transformers import GenerationConfig as HFGenerationConfig, Qwen2Config, Qwen2ForCausalLM
     for name, v in dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                         intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings).items():
-        if not isinstance(v, int) or v <= 0: raise ValueError(f"build_tiny_model: `{name}` must be a positive int, got {v!r}")
-    if hidden_size % num_heads: raise ValueError(f"build_tiny_model: `hidden_size` ({hidden_size}) must be divisible by `num_heads` ({num_heads})")
-    if num_heads % num_kv_heads: raise ValueError(f"build_tiny_model: `num_heads` ({num_heads}) must be divisible by `num_kv_heads` ({num_kv_heads})")
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"build_tiny_model: `{name}` must be a positive int, got {v!r}")
+    if hidden_size % num_heads:
+        raise ValueError(f"build_tiny_model: `hidden_size` ({hidden_size}) must be divisible by "
+                         f"`num_heads` ({num_heads})")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"build_tiny_model: `num_heads` ({num_heads}) must be divisible by "
+                         f"`num_kv_heads` ({num_kv_heads})")
     if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
         raise ValueError("build_tiny_model: `tokenizer` needs a pad token and an EOS token (see build_tokenizer)")
-    ids = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    ids = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+               eos_token_id=tokenizer.eos_token_id)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
@@ -111,7 +119,8 @@ def _resolve_task(task, fn: str = "load_tiny_model"):
     if isinstance(task, str):
         from rlnb.tasks import get_task
         return get_task(task)
-    if not hasattr(task, "sample"): raise TypeError(f"{fn}: `task` must be a task name or a Task, got {type(task).__name__}")
+    if not hasattr(task, "sample"):
+        raise TypeError(f"{fn}: `task` must be a task name or a Task, got {type(task).__name__}")
     return task
 
 
@@ -137,7 +146,8 @@ def sft_tiny_model(
     eval_every: int = 25,  # steps between held-out evaluations (0 = none)
     eval_size: int = 256,  # held-out prompts (0 = no evaluation)
     eval_seed: int = 1_000_003,  # seed of the held-out prompts
-    stop_at_accuracy: float | None = None,  # stop at the first evaluation reaching this accuracy (None = run all steps)
+    # stop at the first evaluation reaching this accuracy (None = run all steps)
+    stop_at_accuracy: float | None = None,
     seed: int = 0,  # seeds the training examples and their order
     system_prompt: str | None = None,  # None = the task's (none for the tiny tasks)
     num_threads: int | None = None,  # torch CPU threads (None = rlnb.core.default_num_threads)
@@ -146,19 +156,21 @@ def sft_tiny_model(
 ):  # the metrics DataFrame of the run (loss/sft per step, eval/accuracy at evaluations)
     "SFT of `model` on `task` with `rlnb.sft.sft`, measuring greedy accuracy on held-out prompts and stopping early."
     task = _resolve_task(task, "sft_tiny_model")
-    if not isinstance(steps, int) or steps <= 0: raise ValueError(f"sft_tiny_model: `steps` must be a positive int, got {steps!r}")
+    if not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"sft_tiny_model: `steps` must be a positive int, got {steps!r}")
     sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
     train, held_out = _held_out_split(task, steps * batch_size, eval_size, seed, eval_seed)
     eval_fn = None
     if held_out and eval_every:
-        eval_fn = lambda state: {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, held_out, task.check, system_prompt=sp)}
+        eval_fn = lambda state: {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, held_out, task.check,
+                                                                    system_prompt=sp)}
     stop_fn = None if stop_at_accuracy is None else lambda state, m: m.get("eval/accuracy", -1.0) >= stop_at_accuracy
     rng = _rng_state()
     try:
-        _, metrics = sft(model, tokenizer, train, num_iterations=steps, batch_size=batch_size, learning_rate=learning_rate,
-                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed, system_prompt=sp, eval_fn=eval_fn,
-                         eval_every=eval_every if eval_fn else 0, stop_fn=stop_fn, logger=logger, num_threads=num_threads,
-                         progress=progress)
+        _, metrics = sft(model, tokenizer, train, num_iterations=steps, batch_size=batch_size,
+                         learning_rate=learning_rate, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
+                         system_prompt=sp, eval_fn=eval_fn, eval_every=eval_every if eval_fn else 0, stop_fn=stop_fn,
+                         logger=logger, num_threads=num_threads, progress=progress)
     finally:
         _set_rng_state(rng)
         model.eval()
@@ -166,10 +178,12 @@ def sft_tiny_model(
 
 # %% ../nbs/16_tiny.ipynb #6f98debf
 TINY_FORMAT_VERSION = 3  # bump when a change to this module makes old caches wrong
+# `build_tiny_model` arguments of the default model
 DEFAULT_TINY_CONFIG = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
-                           max_position_embeddings=256)  # `build_tiny_model` arguments of the default model
+                           max_position_embeddings=256)
+# `sft_tiny_model` arguments of the default model
 DEFAULT_SFT_CONFIG = dict(learning_rate=1e-3, batch_size=16, warmup_steps=50, lr_schedule="constant", eval_every=25,
-                          eval_size=256, eval_seed=1_000_003, stop_at_accuracy=0.3)  # `sft_tiny_model` arguments of the default model
+                          eval_size=256, eval_seed=1_000_003, stop_at_accuracy=0.3)
 DEFAULT_SFT_STEPS = {"addition": 1500}  # default *maximum* SFT steps per task (others: `DEFAULT_SFT_STEPS_OTHER`)
 DEFAULT_SFT_STEPS_OTHER = 1500
 METRICS_FILE = "sft_metrics.jsonl"  # the SFT run's metrics, beside the model
@@ -196,14 +210,15 @@ def tiny_cache_path(
     task = _resolve_task(task)
     steps = _default_steps(task) if steps is None else steps
     key = dict(version=TINY_FORMAT_VERSION, model={**DEFAULT_TINY_CONFIG, **(model_config or {})},
-               sft={**DEFAULT_SFT_CONFIG, **(sft_config or {})}, task=task.name, task_params=getattr(task, "params", None),
-               vocab=[SPECIAL_TOKENS, TAG_TOKENS, _byte_vocab()])
+               sft={**DEFAULT_SFT_CONFIG, **(sft_config or {})}, task=task.name,
+               task_params=getattr(task, "params", None), vocab=[SPECIAL_TOKENS, TAG_TOKENS, _byte_vocab()])
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:10]
     return tiny_cache_dir(cache_dir) / f"{task.name}-steps{steps}-seed{seed}-{digest}"
 
 # %% ../nbs/16_tiny.ipynb #3a11e1c0
 def _is_complete(path: Path) -> bool:
-    return all((path / f).exists() for f in ("config.json", "model.safetensors", "tokenizer.json", METRICS_FILE, SUMMARY_FILE))
+    return all((path / f).exists()
+               for f in ("config.json", "model.safetensors", "tokenizer.json", METRICS_FILE, SUMMARY_FILE))
 
 
 def read_tiny_history(
@@ -228,9 +243,9 @@ def _train_into(tmp: Path, task, steps, seed, model_config, sft_config, progress
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
-    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed, model_config=model_kw,
-                   sft_config=sft_kw, iterations=int(metrics["iteration"].max()), seconds=round(seconds, 2),
-                   num_threads=default_num_threads(model, sft_kw.get("num_threads")),
+    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
+                   model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
+                   seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
                    accuracy=float(acc.iloc[-1]) if len(acc) else None)
     (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
 
@@ -251,14 +266,16 @@ def load_tiny_model(
 
 
 _MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
-_SFT_KEYS = set(inspect.signature(sft_tiny_model).parameters) - {"model", "tokenizer", "task", "steps", "seed", "logger", "progress"}
+_SFT_KEYS = (set(inspect.signature(sft_tiny_model).parameters)
+             - {"model", "tokenizer", "task", "steps", "seed", "logger", "progress"})
 
 def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str = "load_tiny_model") -> None:
-    "Unknown keys in `model_config` (build_tiny_model / Qwen2Config) or `sft_config` (sft_tiny_model) are errors before any training."
+    "Unknown keys in `model_config` (build_tiny_model / Qwen2Config) or `sft_config` (sft_tiny_model): errors up front."
     from transformers import Qwen2Config
     for name, given, known in (("model_config", model_config, _MODEL_KEYS), ("sft_config", sft_config, _SFT_KEYS)):
         if given is None: continue
-        if not isinstance(given, dict): raise TypeError(f"{fn}: `{name}` must be a dict or None, got {type(given).__name__}")
+        if not isinstance(given, dict):
+            raise TypeError(f"{fn}: `{name}` must be a dict or None, got {type(given).__name__}")
         unknown = [k for k in given if k not in known and not (name == "model_config" and hasattr(Qwen2Config(), k))]
         if unknown: raise ValueError(f"{fn}: `{name}` has unknown keys {unknown}; known: {sorted(known)}")
 
@@ -267,11 +284,14 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
     from transformers import AutoModelForCausalLM, AutoTokenizer
     task = _resolve_task(task)
     if steps is None: steps = _default_steps(task)
-    if not isinstance(steps, int) or steps <= 0: raise ValueError(f"load_tiny_model: `steps` must be a positive int, got {steps!r}")
+    if not isinstance(steps, int) or steps <= 0:
+        raise ValueError(f"load_tiny_model: `steps` must be a positive int, got {steps!r}")
     _check_overrides(model_config, sft_config)
-    path = Path(path).expanduser() if path is not None else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config)
+    path = (Path(path).expanduser() if path is not None
+            else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config))
     if path.exists() and not _is_complete(path) and any(path.iterdir()):
-        raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model (missing {SUMMARY_FILE}, metrics or weights)")
+        raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model "
+                         f"(missing {SUMMARY_FILE}, metrics or weights)")
     if progress and not _is_complete(path):  # the first run on a machine: say what the wait is and where it goes
         name = getattr(task, "name", task)
         print(f"rlnb: building the tiny model for {name!r} once (supervised training, about a minute on a CPU); "

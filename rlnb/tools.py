@@ -6,18 +6,20 @@ Docs: https://rlnb.github.io/rlnb/tools.html.md"""
 
 # %% ../nbs/06_tools.ipynb #ff123439
 from __future__ import annotations
-import contextlib, json, math, multiprocessing, os, re, signal, sys, threading
+import contextlib, json, math, multiprocessing, os, re, reprlib, signal, sys, threading
 from decimal import Decimal, localcontext
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, Sequence
 
 from .cache import die_with_parent
-from .core import Conversation, Generation, GenerationConfig, Message
+from .core import Conversation, Generation, GenerationConfig, Message, check_tool_calls
 from .tasks import safe_eval
 from .chat import _as_conversation, apply_chat_template
 from .generation import generate
 
 # %% auto #0
-__all__ = ['parse_json_tool_calls', 'extract_tool_calls', 'calculator', 'execute_tools', 'generate_conversation_turn']
+__all__ = ['MAX_TOOL_CALLS', 'parse_json_tool_calls', 'extract_tool_calls', 'calculator', 'execute_tools',
+           'generate_conversation_turn']
 
 # %% ../nbs/06_tools.ipynb #5b58fa9f
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
@@ -58,12 +60,13 @@ def _loads(text: str, max_depth: int):
     except json.JSONDecodeError as e: raise ValueError(e.msg) from None
     except (ValueError, RecursionError, MemoryError) as e: raise ValueError(f"{type(e).__name__}: {e}"[:200]) from None
     try: json.dumps(obj, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError: raise ValueError("a string decodes to a lone surrogate (\\ud800-\\udfff), not valid unicode") from None
+    except UnicodeEncodeError:
+        raise ValueError("a string decodes to a lone surrogate (\\ud800-\\udfff), not valid unicode") from None
     return obj
 
 
 def _function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
-    "One parsed JSON call object -> a call dict (or an error dict); OpenAI's {\"function\": {...}} wrapper is unwrapped."
+    "One parsed JSON call object -> a call dict (or an error dict), OpenAI's {\"function\": {...}} wrapper unwrapped."
     if isinstance(obj, dict) and isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
         obj = {**obj["function"], **({"id": obj["id"]} if "id" in obj else {})}
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -82,12 +85,15 @@ def parse_json_tool_calls(
     max_depth: int = 64,  # deeper [ / { nesting is rejected without parsing
 ) -> list[dict]:
     "Tool calls written as `<tool_call>{json}</tool_call>`: dicts with name, arguments, raw (and `error` if malformed)."
-    if not isinstance(text, str): raise TypeError(f"parse_json_tool_calls: `text` must be a str, got {type(text).__name__}")
+    if not isinstance(text, str):
+        raise TypeError(f"parse_json_tool_calls: `text` must be a str, got {type(text).__name__}")
     calls = []
     for match in _TOOL_CALL_RE.finditer(text):
         raw = match.group(1).strip()
         if not match.group(2): calls.append(_tool_error(raw, "unclosed <tool_call> block", max_chars)); continue
-        if len(raw) > max_chars: calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
+        if len(raw) > max_chars:
+            calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
+            continue
         try: obj = _loads(raw, max_depth)
         except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON: {e}", max_chars)); continue
         calls.append(_function_call(obj, raw, max_chars, max_depth))
@@ -97,19 +103,23 @@ def parse_json_tool_calls(
 # %% ../nbs/06_tools.ipynb #c0b2005d
 def extract_tool_calls(
     generation: Generation | str,  # a generation (its text is parsed) or the text itself
-    tool_parser: Callable[[str], list[dict]] | None = None,  # custom parser `text -> list of call dicts`; None = parse_json_tool_calls
+    # custom parser `text -> list of call dicts`; None = parse_json_tool_calls
+    tool_parser: Callable[[str], list[dict]] | None = None,
 ) -> list[dict]:
     "The tool calls written in a completion."
     text = generation.text if isinstance(generation, Generation) else generation
-    if not isinstance(text, str): raise TypeError(f"extract_tool_calls: `generation` must be a Generation or a str, got {type(generation).__name__}")
-    return list((tool_parser or parse_json_tool_calls)(text))
+    if not isinstance(text, str):
+        raise TypeError(f"extract_tool_calls: `generation` must be a Generation or a str, "
+                        f"got {type(generation).__name__}")
+    return check_tool_calls((tool_parser or parse_json_tool_calls)(text), "extract_tool_calls")
 
 # %% ../nbs/06_tools.ipynb #748f4610
 def calculator(
     expression: str,  # integer arithmetic, e.g. "(3+5)*7"; + - * / and parentheses only
 ) -> str:
-    "The value of `expression` as text, computed exactly by `safe_eval` (never `eval`): '(3+5)*7' -> '56', '7/2' -> '3.5'."
-    if not isinstance(expression, str): raise TypeError(f"calculator: `expression` must be a str such as '(3+5)*7', got {type(expression).__name__}")
+    "`expression`'s value as text, computed exactly by `safe_eval` (never `eval`): '(3+5)*7' -> '56', '7/2' -> '3.5'."
+    if not isinstance(expression, str):
+        raise TypeError(f"calculator: `expression` must be a str such as '(3+5)*7', got {type(expression).__name__}")
     try: value = safe_eval(expression, max_length=200)
     except ValueError as e: raise ValueError(f"calculator: {str(e).removeprefix('safe_eval: ')}") from None
     if value.denominator == 1: return str(value.numerator)
@@ -118,11 +128,14 @@ def calculator(
         return str(Decimal(value.numerator) / Decimal(value.denominator))
 
 # %% ../nbs/06_tools.ipynb #60c1a926
+MAX_TOOL_CALLS = 128  # calls run per `execute_tools` call (one completion's); the rest get an error result, unrun
 _MAX_ERROR_CHARS = 2_000
 _FORK = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
 
 
-def _clean(text: str) -> str: return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate becomes the 6 characters \ud800
+def _clean(text: str) -> str:
+    # a lone surrogate becomes the 6 characters \ud800
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _describe(e: BaseException) -> str:
@@ -143,7 +156,7 @@ def _as_content(value) -> str:
 
 
 def _call_tool(call: dict, tools: dict) -> Any:
-    "The default executor: look the tool up by name and call it with the arguments as keywords (or one string argument)."
+    "The default executor: look the tool up by name, call it with the arguments as keywords (or one string argument)."
     if call.get("error"): raise ValueError(f"malformed tool call: {call['error']}")
     name = call.get("name")
     if name not in tools: raise KeyError(f"unknown tool {str(name)[:100]!r}; available: {sorted(tools)}")
@@ -157,7 +170,8 @@ def _run_call(run: Callable, call, base: dict) -> dict:
     "One call, here and now: its result dict, with anything the tool raised (even SystemExit) as an error result."
     try:
         value = run(call)
-        if isinstance(value, dict) and "content" in value: return {"error": None, **base, **value, "content": _clean(_as_content(value["content"]))}
+        if isinstance(value, dict) and "content" in value:
+            return {"error": None, **base, **value, "content": _clean(_as_content(value["content"]))}
         return {"error": None, **base, "content": _clean(_as_content(value))}
     except KeyboardInterrupt: raise
     except BaseException as e: return _error_result(base, _describe(e))
@@ -203,7 +217,8 @@ def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str
         result = job()
         _flush_std_streams()  # what the tool printed, before the parent may kill this process
         try: sender.send(result)
-        except Exception as e: sender.send(f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be pickled: {e}")
+        except Exception as e:
+            sender.send(f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be pickled: {e}")
         threading.Event().wait()  # stay until killed: while this process lives, what the tool started stays findable
     process = _FORK.Process(target=child, daemon=True)
     process.start(); sender.close()
@@ -212,8 +227,10 @@ def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str
         try: return receiver.recv()
         except EOFError:
             process.join(1.0)
-            return f"ChildProcessError: tool {str(name)[:100]!r} exited with code {process.exitcode} before returning a result"
-        except Exception as e: return f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be unpickled: {e}"
+            return (f"ChildProcessError: tool {str(name)[:100]!r} exited with code {process.exitcode} "
+                    "before returning a result")
+        except Exception as e:
+            return f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be unpickled: {e}"
     finally:
         receiver.close()
         for pid in _descendants(process.pid):  # what the tool started, in its process group or not
@@ -231,28 +248,48 @@ def _run_in_thread(job: Callable[[], dict], timeout_s: float) -> dict | str:
     return box[0] if box else f"TimeoutError: no result within {timeout_s} s"
 
 
-def execute_tools(
-    tool_calls: Sequence[dict],  # parsed calls, e.g. from `extract_tool_calls`
-    tool_executor: Callable[[dict], Any] | None = None,  # custom `call -> result` (a dict with "content", or any value)
-    tools: dict[str, Callable] | None = None,  # name -> python function, for the default executor
-    timeout_s: float | None = 10.0,  # seconds per call, run in a child process killed at the timeout; None = in this process, no limit
-) -> list[dict]:
-    "Run tool calls; one result dict per call: name, content (str), error (None or a message), and the call's id."
-    if tool_executor is None and tools is None: raise TypeError("execute_tools: pass `tools` (a dict name -> function) or a `tool_executor`")
-    if tools is not None and not isinstance(tools, dict): raise TypeError(f"execute_tools: `tools` must be a dict name -> function, got {type(tools).__name__}")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf):
-        raise ValueError(f"execute_tools: `timeout_s` must be a positive number of seconds or None, got {timeout_s!r}")
-    run = tool_executor if tool_executor is not None else (lambda call: _call_tool(call, tools))
-    results = []
-    for call in tool_calls:
-        base = {"name": call.get("name") if isinstance(call, dict) else None, "tool_call_id": call.get("id") if isinstance(call, dict) else None}
+def _tool_runner(fn: str, tool_calls, tool_executor, tools, timeout_s) -> tuple[list, Callable]:
+    "`execute_tools`' arguments checked: the calls as a list, and the `call -> value` function that runs one."
+    if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
+        raise TypeError(f"{fn}: `tool_calls` must be a list of parsed calls (dicts), got {type(tool_calls).__name__}")
+    if tool_executor is None and tools is None:
+        raise TypeError(f"{fn}: pass `tools` (a dict name -> function) or a `tool_executor`")
+    if tools is not None and not isinstance(tools, dict):
+        raise TypeError(f"{fn}: `tools` must be a dict name -> function, got {type(tools).__name__}")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or not 0 < timeout_s < math.inf):
+        raise ValueError(f"{fn}: `timeout_s` must be a positive number of seconds or None, got {timeout_s!r}")
+    return list(tool_calls), tool_executor if tool_executor is not None else (lambda call: _call_tool(call, tools))
+
+
+def _each_result(calls: list, run: Callable, timeout_s: float | None) -> Iterator[tuple[dict, dict]]:
+    "(call, its result) for each call, run when asked for (a caller can time it); calls past MAX_TOOL_CALLS do not run."
+    for k, call in enumerate(calls):
+        base = {"name": call.get("name") if isinstance(call, dict) else None,
+                "tool_call_id": call.get("id") if isinstance(call, dict) else None}
+        if k >= MAX_TOOL_CALLS:
+            message = (f"ToolCallLimitError: call {k + 1} of {len(calls)} not run; at most {MAX_TOOL_CALLS} tool "
+                       "calls of one completion are run (MAX_TOOL_CALLS)")
+            yield call, _error_result(base, message)
+            continue
         job = lambda: _run_call(run, call, base)
         if timeout_s is None: outcome = job()
         elif _FORK is not None: outcome = _run_in_child(job, base["name"], timeout_s)
         else: outcome = _run_in_thread(job, timeout_s)
-        results.append(outcome if isinstance(outcome, dict) else _error_result(base, outcome))
+        yield call, outcome if isinstance(outcome, dict) else _error_result(base, outcome)
     multiprocessing.active_children()  # reap the finished children without waiting
-    return results
+
+
+def execute_tools(
+    tool_calls: Sequence[dict],  # parsed calls of one completion, e.g. from `extract_tool_calls`
+    tool_executor: Callable[[dict], Any] | None = None,  # custom `call -> result` (a dict with "content", or any value)
+    tools: dict[str, Callable] | None = None,  # name -> python function, for the default executor
+    # seconds per call, run in a child process killed at the timeout; None = in this process, no limit
+    timeout_s: float | None = 10.0,
+) -> list[dict]:
+    "Run tool calls; one result dict per call: name, content (str), error (None or a message), and the call's id."
+    calls, run = _tool_runner("execute_tools", tool_calls, tool_executor, tools, timeout_s)
+    return [result for _, result in _each_result(calls, run, timeout_s)]
 
 # %% ../nbs/06_tools.ipynb #08816add
 def generate_conversation_turn(

@@ -6,25 +6,28 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/13_training.ipynb #24c6f21f
 from __future__ import annotations
-import contextlib, json, math, numbers, os, reprlib, time, warnings
+import contextlib, functools, inspect, json, math, numbers, os, reprlib, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .core import (Batch, CollatedBatch, Conversation, GenerationConfig, ModelConfig, TrainingConfig, TrainingState,
-                       TrainingStats, collate, create_training_config, group_stats, is_peft_model,
-                       model_device, pad_token_id, set_seed)
+from .core import (Batch, CollatedBatch, Conversation, Generation, GenerationConfig, ModelConfig, TrainingConfig,
+                       TrainingState, TrainingStats, collate, create_training_config, env_num_threads, group_stats,
+                       is_peft_model, model_device, pad_token_id, set_seed, warn_unsaved_checkpoints)
 from .tasks import Task, get_task, task_for_policy
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
-from .rollouts import DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn, _split_prompts
+from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn,
+                           _split_prompts)
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
-from .loggers import create_jsonl_logger, create_progress_logger, load_metrics
+from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
+                          load_metrics)
 from .cache import folder_lock
 from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint, save_checkpoint
 
@@ -40,15 +43,18 @@ def lr_multiplier(
     step: int,  # optimizer steps taken so far
     total_steps: int,  # optimizer steps in the whole run
     warmup_steps: int = 0,  # linear warm-up from 1/warmup_steps to 1
-    schedule: str = "constant",  # after warm-up: "constant", "cosine" (to 0.1) or "wsd" (constant, then linear to 0.1 over the last 20%)
+    # after warm-up: "constant", "cosine" (to 0.1) or "wsd" (constant, then linear to 0.1 over the last 20%)
+    schedule: str = "constant",
 ) -> float:
     "The learning rate at `step` as a fraction of the peak."
-    if schedule not in LR_SCHEDULES: raise ValueError(f"lr_multiplier: `schedule` must be one of {LR_SCHEDULES}, got {schedule!r}")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_multiplier: `schedule` must be one of {LR_SCHEDULES}, got {schedule!r}")
     if step < warmup_steps: return (step + 1) / warmup_steps
     if schedule == "constant": return 1.0
     if schedule == "wsd":
         decay_start = max(warmup_steps, int(0.8 * total_steps))
-        return 1.0 if step < decay_start else 1.0 - 0.9 * min(1.0, (step - decay_start) / max(1, total_steps - decay_start))
+        return (1.0 if step < decay_start
+                else 1.0 - 0.9 * min(1.0, (step - decay_start) / max(1, total_steps - decay_start)))
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -70,8 +76,10 @@ def create_optimizer(
     if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate > 0):
         raise ValueError(f"{fn}: `learning_rate` must be a finite number > 0, got {learning_rate!r}")
     if warmup_steps < 0: raise ValueError(f"{fn}: `warmup_steps` must be >= 0, got {warmup_steps!r}")
-    if lr_schedule != "constant" and not total_steps: raise ValueError(f"{fn}: `lr_schedule`={lr_schedule!r} needs `total_steps`")
-    if optimizer_fn is None: optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, betas=betas)
+    if lr_schedule != "constant" and not total_steps:
+        raise ValueError(f"{fn}: `lr_schedule`={lr_schedule!r} needs `total_steps`")
+    if optimizer_fn is None:
+        optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, betas=betas)
     else: optimizer = optimizer_fn(params, lr=learning_rate, weight_decay=weight_decay)
     lr_multiplier(0, 1, 0, lr_schedule)  # checks the name
     def multiplier(step): return lr_multiplier(step, total_steps or 1, warmup_steps, lr_schedule)
@@ -98,14 +106,17 @@ def default_optimizer_step(
 # %% ../nbs/13_training.ipynb #24e0e539
 def create_training_state(
     model,  # the policy
-    config: TrainingConfig | None = None,  # learning_rate, weight_decay, warmup_steps, lr_schedule, beta, num_iterations
-    reference: bool | None = None,  # keep a reference model (None: under LoRA always, otherwise only when config.beta > 0)
+    # learning_rate, weight_decay, warmup_steps, lr_schedule, beta, num_iterations
+    config: TrainingConfig | None = None,
+    # keep a reference model (None: under LoRA always, otherwise only when config.beta > 0)
+    reference: bool | None = None,
     ref_model_fn: Callable | None = None,  # model -> reference (see rlnb.kl.create_reference_model)
 ) -> TrainingState:
     "Iteration 0 of a run: `model`, AdamW with the config's learning-rate schedule, and the reference model."
     config = TrainingConfig() if config is None else config
     total = max(1, config.num_iterations * config.updates_per_batch)
-    opt, sched = create_optimizer(model, config.learning_rate, config.weight_decay, config.warmup_steps, config.lr_schedule, total)
+    opt, sched = create_optimizer(model, config.learning_rate, config.weight_decay, config.warmup_steps,
+                                  config.lr_schedule, total)
     if reference is None: reference = is_peft_model(model) or (config.beta or 0) > 0
     ref = create_reference_model(model, ref_model_fn) if reference else None
     return TrainingState(0, 0, model, opt, sched, ref_model=ref, metadata={"config": config})
@@ -118,14 +129,13 @@ def default_num_threads(
     model=None,  # the policy; its size decides (None = treat as small)
     num_threads: int | None = None,  # an explicit choice wins
 ) -> int:
-    "Torch CPU threads for a run: `num_threads`, else $RLNB_NUM_THREADS, else 1 for a small model, else torch's default."
+    "Torch CPU threads: `num_threads`, else $RLNB_NUM_THREADS, else 1 for a small model, else torch's default."
     if num_threads is not None:
-        if not isinstance(num_threads, int) or num_threads < 1: raise ValueError(f"default_num_threads: `num_threads` must be an int >= 1, got {num_threads!r}")
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"default_num_threads: `num_threads` must be an int >= 1, got {num_threads!r}")
         return num_threads
-    env = os.environ.get("RLNB_NUM_THREADS")
-    if env:
-        try: return max(1, int(env))
-        except ValueError: raise ValueError(f"default_num_threads: $RLNB_NUM_THREADS must be an integer, got {env!r}") from None
+    env = env_num_threads()  # $RLNB_NUM_THREADS, checked: 1 to 1024
+    if env is not None: return env
     n = sum(p.numel() for p in model.parameters()) if model is not None else 0
     return 1 if n < SMALL_MODEL_PARAMS else torch.get_num_threads()
 
@@ -142,6 +152,11 @@ def _is_number(v) -> bool:
     return getattr(v, "size", None) == 1 or (isinstance(v, Tensor) and v.numel() == 1)
 
 
+def _is_metrics(m) -> bool:
+    "{name: number} with str names: what a loss function and an evaluation report."
+    return isinstance(m, Mapping) and all(isinstance(k, str) and _is_number(v) for k, v in m.items())
+
+
 def _checked_loss(out, fn: str) -> tuple[Tensor, Mapping]:
     "A loss function's result: (a scalar tensor, {name: number}), or an error saying what came back."
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -151,8 +166,9 @@ def _checked_loss(out, fn: str) -> tuple[Tensor, Mapping]:
     if not isinstance(loss, Tensor) or loss.numel() != 1:
         got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else f"a {type(loss).__name__}"
         raise TypeError(f"{fn}: `loss_fn` returned {got} as its loss; expected a scalar tensor")
-    if not isinstance(metrics, Mapping) or not all(_is_number(v) for v in metrics.values()):
-        raise TypeError(f"{fn}: `loss_fn` returned {reprlib.repr(metrics)} as its metrics; expected a dict of numbers")
+    if not _is_metrics(metrics):
+        raise TypeError(f"{fn}: `loss_fn` returned {reprlib.repr(metrics)} as its metrics; expected a dict of numbers "
+                        "with str names")
     return loss.reshape(()), metrics
 
 
@@ -180,7 +196,7 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
 
 
 def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, float]:
-    "Mean and std of the raw rewards (per component for vectors) and the fraction of groups with no spread in the used ones."
+    "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
     out = {}
     if raw.ndim == 2:
         out.update({f"reward/component_{k}": v for k, v in enumerate(raw.float().mean(0).tolist())})
@@ -191,18 +207,31 @@ def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, f
             "reward/zero_std_frac": (stats.max == stats.min).float().mean().item(), **out}
 
 # %% ../nbs/13_training.ipynb #10607743
+def _checked_rewards(r, B: int, device, fn: str) -> Tensor:
+    "`reward_transform`'s result as a float32 (B,) tensor of finite real numbers, or an error saying what came back."
+    got = f"{fn}: `reward_transform` returned {reprlib.repr(r)}"
+    if r is None or isinstance(r, (str, bytes, Mapping)):
+        raise TypeError(f"{got}; expected ({B},) numbers, one reward per rollout")
+    try: t = r if isinstance(r, Tensor) else torch.as_tensor(r)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{got}, which are not numbers ({e}); expected ({B},) numbers") from None
+    if t.is_complex():  # its imaginary part would be dropped without a word
+        raise TypeError(f"{fn}: `reward_transform` returned {t.dtype} values; expected ({B},) real numbers")
+    t = t.detach().to(device, torch.float32)
+    if t.shape != (B,): raise ValueError(f"{fn}: `reward_transform` returned shape {tuple(t.shape)}, expected ({B},)")
+    if not torch.isfinite(t).all(): raise ValueError(f"{fn}: `reward_transform` returned NaN or inf")
+    return t
+
+
 def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable | None, fn: str) -> CollatedBatch:
     "The batch with its rewards through `reward_transform`: (B,) and finite, or a clear error."
     if reward_transform is None:
         if cb.rewards.ndim == 2:
-            raise ValueError(f"{fn}: rewards have {cb.rewards.shape[1]} components per rollout (a vector reward_fn); pass "
-                             "reward_transform=create_reward_transform(weights=...) to turn them into one number")
+            raise ValueError(f"{fn}: rewards have {cb.rewards.shape[1]} components per rollout (a vector reward_fn); "
+                             "pass reward_transform=create_reward_transform(weights=...) to turn them into one number")
         return cb
     r = reward_transform(cb.rewards, cb.group_ids, rollouts)
-    r = torch.as_tensor(r, dtype=torch.float32, device=cb.rewards.device)
-    if r.shape != cb.rewards.shape[:1]: raise ValueError(f"{fn}: reward_transform returned shape {tuple(r.shape)}, expected ({cb.rewards.shape[0]},)")
-    if not torch.isfinite(r).all(): raise ValueError(f"{fn}: reward_transform returned NaN or inf")
-    return cb._replace(rewards=r)
+    return cb._replace(rewards=_checked_rewards(r, cb.rewards.shape[0], cb.rewards.device, fn))
 
 # %% ../nbs/13_training.ipynb #d722dd59
 def training_step(
@@ -212,7 +241,8 @@ def training_step(
     optimizer_step_fn: Callable | None = None,  # (state, max_grad_norm) -> grad norm; None = default_optimizer_step
     tokenizer=None,  # the policy's tokenizer (pad and EOS ids for collation); required
     config: TrainingConfig | None = None,  # temperature, updates_per_batch, micro_batch_size, max_grad_norm
-    loss_fn: Callable | None = None,  # (batch, logprobs, algorithm_config) -> (loss, metrics); None = compute_loss_by_algorithm
+    # (batch, logprobs, algorithm_config) -> (loss, metrics); None = compute_loss_by_algorithm
+    loss_fn: Callable | None = None,
     reward_transform: Callable | None = None,  # (rewards, group_ids, rollouts) -> (B,) rewards, before the advantages
     kl_fn: Callable | None = None,  # (logprobs, ref_logprobs) -> (B, C) per-token KL; None = the algorithm's (k3)
 ) -> tuple[TrainingState, TrainingStats]:
@@ -220,29 +250,39 @@ def training_step(
     fn = "training_step"
     cfg = config or (state.metadata or {}).get("config") or TrainingConfig()
     algo = algorithm_config(state.iteration) if callable(algorithm_config) else algorithm_config
-    if not isinstance(algo, Mapping): raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) or a function of the iteration")
+    if not isinstance(algo, Mapping):
+        raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) "
+                        "or a function of the iteration")
     if kl_fn is not None: algo = {**algo, "kl_fn": kl_fn}
     rollouts = list(batch.rollouts if isinstance(batch, Batch) else batch)
     if not rollouts: raise ValueError(f"{fn}: `batch` is empty; expected at least one Rollout")
-    if tokenizer is None: raise ValueError(f"{fn}: `tokenizer` is None; pass the policy's tokenizer (its pad/EOS ids collate the batch)")
-    model, step_fn, loss_fn = state.model, optimizer_step_fn or default_optimizer_step, loss_fn or compute_loss_by_algorithm
+    if tokenizer is None:
+        raise ValueError(f"{fn}: `tokenizer` is None; pass the policy's tokenizer (its pad/EOS ids collate the batch)")
+    model, step_fn, loss_fn = (state.model, optimizer_step_fn or default_optimizer_step,
+                               loss_fn or compute_loss_by_algorithm)
     cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(model))  # 1.
     raw_rewards = cb.rewards
     cb = _transformed(cb, rollouts, reward_transform, fn)  # 2.
     C, T = cb.completion_ids.shape[1], cfg.temperature
-    if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:  # Dr. GRPO: the budget, not the longest row
+    # Dr. GRPO: the budget, not the longest row
+    if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:
         algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, C)}
     spec = ALGORITHMS.get(algo.get("name"))
-    if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs (e.g. after GRPO)
+    # PPO: the first time one runs (e.g. after GRPO)
+    if spec is not None and spec.value_head: state = add_value_head(state)
     head = state.value_head if spec is not None and spec.value_head else None
     with torch.no_grad():  # 3.
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
-            old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size, value_head=head)
+            old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
+                                                      micro_batch_size=cfg.micro_batch_size, value_head=head)
             cb = cb._replace(old_logprobs=old if cb.old_logprobs is None else cb.old_logprobs, old_values=values)
         elif cb.old_logprobs is None and cfg.updates_per_batch > 1:
-            cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
+            cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(
+                model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
         if cb.ref_logprobs is None and state.ref_model is not None:
-            cb = cb._replace(ref_logprobs=get_reference_logprobs(state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
+            cb = cb._replace(ref_logprobs=get_reference_logprobs(
+                state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T,
+                micro_batch_size=cfg.micro_batch_size))
         if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
@@ -251,13 +291,20 @@ def training_step(
         totals, loss_value = {}, 0.0
         for idx, weight in chunks:
             mb = _select(cb, idx)
-            logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, C, temperature=T, value_head=head)  # (b, C), with grad
-            if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])  # PPO: values from the same pass
+            # (b, C), with grad
+            logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, C, temperature=T,
+                                                   value_head=head)
+            # PPO: values from the same pass
+            if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])
             loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
             if not (isinstance(loss, Tensor) and loss.requires_grad):
-                raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the log-probs passed to the loss function")
-            if not torch.isfinite(loss): raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {state.iteration}; stopping before it reaches the weights")
-            if "kl/mean" not in metrics and mb.ref_logprobs is not None and update == 0:  # a loss that does not measure the KL
+                raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the "
+                                   "log-probs passed to the loss function")
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {state.iteration}; "
+                                         "stopping before it reaches the weights")
+            # a loss that does not measure the KL
+            if "kl/mean" not in metrics and mb.ref_logprobs is not None and update == 0:
                 kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
                 metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
             (loss * weight).backward()
@@ -275,6 +322,15 @@ def training_step(
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
 
 # %% ../nbs/13_training.ipynb #06b4e87b
+def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: int, fn: str = "training_iteration"):
+    "The reference after `ref_model_update_fn`: the model it returned (a module, or the kind it was given), or None."
+    out = update_reference_model(ref_model, policy, ref_model_update_fn, step=step)  # None: the same reference
+    if not (isinstance(out, torch.nn.Module) or type(out) is type(ref_model)):
+        raise TypeError(f"{fn}: `ref_model_update_fn` returned {reprlib.repr(out)} (a {type(out).__name__}); "
+                        "expected the reference model (updated in place or new) or None")
+    return out
+
+
 def training_iteration(
     state: TrainingState,  # the run so far
     prompts: Sequence,  # this iteration's prompts: strings, TaskExamples or Conversations
@@ -292,7 +348,8 @@ def training_iteration(
     "Sample a batch with `rollout_fn`, then take a training step on it."
     t0 = time.perf_counter()
     batch = rollout_fn(state.model, tokenizer, prompts, config)
-    if not isinstance(batch, Batch): raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
+    if not isinstance(batch, Batch):
+        raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
     t_rollout = time.perf_counter() - t0
     if iteration_hook is not None:
         out = iteration_hook(state, batch)
@@ -305,12 +362,16 @@ def training_iteration(
         new_state, stats = state, TrainingStats(0.0, 0.0, lr, 0.0, 0.0, 0.0, {"skipped": 1.0})
         new_state = new_state._replace(stats_history=tuple(state.stats_history) + (stats,))
     else:
-        new_state, stats = training_step(state, batch, algorithm_config, optimizer_step_fn, tokenizer, config, loss_fn, reward_transform, kl_fn)
+        new_state, stats = training_step(state, batch, algorithm_config, optimizer_step_fn, tokenizer, config, loss_fn,
+                                         reward_transform, kl_fn)
     if ref_model_update_fn is not None and new_state.ref_model is not None:
-        new_state = new_state._replace(ref_model=update_reference_model(new_state.ref_model, state.model, ref_model_update_fn, step=new_state.global_step))
-    sampled = {k: float(v) for k, v in (batch.batch_metadata or {}).items()  # e.g. a filtered rollout_fn's "sampling/..." counts
+        new_state = new_state._replace(ref_model=_updated_reference(
+            new_state.ref_model, state.model, ref_model_update_fn, new_state.global_step))
+    # e.g. a filtered rollout_fn's "sampling/..." counts
+    sampled = {k: float(v) for k, v in (batch.batch_metadata or {}).items()
                if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
-    stats = stats._replace(custom_metrics={**stats.custom_metrics, **sampled, "time/rollout_s": t_rollout, "time/step_s": time.perf_counter() - t0})
+    stats = stats._replace(custom_metrics={**stats.custom_metrics, **sampled, "time/rollout_s": t_rollout,
+                                           "time/step_s": time.perf_counter() - t0})
     history = tuple(new_state.stats_history[:-1]) + (stats,)
     return new_state._replace(iteration=state.iteration + 1, stats_history=history), batch, stats
 
@@ -329,12 +390,13 @@ def _check_unused(config: TrainingConfig, given: dict[str, bool], fn: str = "tra
     own = given.get("prompt_loader") or given.get("prompts")
     if own and given.get("reward_fn") and given.get("eval_fn"):
         unused["task"] = unused["task_format"] = "prompts (or prompt_loader), reward_fn and eval_fn"
-    if own and not given.get("eval_fn"): unused.update(eval_every="your prompts (and no eval_fn)", eval_size="your prompts (and no eval_fn)")
+    if own and not given.get("eval_fn"):
+        unused.update(eval_every="your prompts (and no eval_fn)", eval_size="your prompts (and no eval_fn)")
     for field, hook in unused.items():
         if field == "eval_every" and config.eval_every == 0: continue  # "no evaluation" agrees with having none
         if getattr(config, field) != getattr(default, field):
-            raise ValueError(f"{fn}: `config.{field}`={getattr(config, field)!r} would be ignored: `{hook}` was passed and decides it; "
-                             f"leave {field} at its default ({getattr(default, field)!r})")
+            raise ValueError(f"{fn}: `config.{field}`={getattr(config, field)!r} would be ignored: `{hook}` was passed "
+                             f"and decides it; leave {field} at its default ({getattr(default, field)!r})")
 
 # %% ../nbs/13_training.ipynb #05e31216
 def _output_lock(config: TrainingConfig):
@@ -345,20 +407,25 @@ def _output_lock(config: TrainingConfig):
 def _output_paths(config: TrainingConfig, fn: str = "train") -> tuple[Path | None, Path | None]:
     "(metrics file, checkpoint folder) in config.output_dir; an existing run there is an error unless config.resume."
     if config.output_dir is None:
-        if config.resume: raise ValueError(f"{fn}: `config.resume` is set but `config.output_dir` is None; nothing to resume from")
+        if config.resume:
+            raise ValueError(f"{fn}: `config.resume` is set but `config.output_dir` is None; nothing to resume from")
         return None, None
     out = Path(config.output_dir)
     metrics, ckpt = out / "metrics.jsonl", out / "checkpoint"
+    check_metrics_file(metrics, fn)  # a link or a folder there is refused before anything is written
     has_run = checkpoint_exists(ckpt) or (metrics.exists() and metrics.stat().st_size > 0)
     if has_run and not config.resume:
-        raise ValueError(f"{fn}: output_dir {str(out)!r} already holds a run; pass resume=True to continue it, or choose another output_dir")
+        raise ValueError(f"{fn}: output_dir {str(out)!r} already holds a run; pass resume=True to continue it, "
+                         "or choose another output_dir")
     if config.resume and not checkpoint_exists(ckpt):
-        raise ValueError(f"{fn}: resume=True but {str(ckpt)!r} holds no checkpoint" + (" (the run died before its first one: delete the folder and start again)" if has_run else ""))
+        raise ValueError(f"{fn}: resume=True but {str(ckpt)!r} holds no checkpoint"
+                         + (" (the run died before its first one: delete the folder and start again)"
+                            if has_run else ""))
     return metrics, ckpt
 
 
-_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r")  # not the
-# model's name: a folder may move (the weights' shapes are checked when they load)
+# not the model's name: a folder may move (the weights' shapes are checked when they load)
+_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r")
 
 
 def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, fn: str = "train") -> None:
@@ -371,25 +438,9 @@ def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, f
                          "run's own settings, or start a new run in another output_dir")
 
 
-def _drop_rows_after(metrics: Path, iteration: int) -> int:
-    "Rewrite `metrics` (atomically) without the rows logged after `iteration`; returns how many were dropped."
-    if not metrics.exists(): return 0
-    lines = [l for l in metrics.read_text().splitlines() if l.strip()]
-    keep = []
-    for line in lines:
-        try: row = json.loads(line)
-        except json.JSONDecodeError: continue  # a torn line from the crash
-        if not isinstance(row, dict): continue  # junk: not a metrics row
-        at = row.get("iteration", 0)
-        if isinstance(at, (int, float)) and not isinstance(at, bool) and at <= iteration: keep.append(line)
-    tmp = metrics.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    os.replace(tmp, metrics)
-    return len(lines) - len(keep)
-
 # %% ../nbs/13_training.ipynb #6e7f9381
 def _build_policy(config: TrainingConfig, model, tokenizer):
-    "The policy and its tokenizer: `model` as given, or loaded from config.model; LoRA of rank config.lora_r if not already."
+    "The policy and its tokenizer: `model` as given or loaded from config.model; LoRA of rank config.lora_r if not yet."
     if model is None:
         tiny = {"task": config.task} if config.model == "tiny" else None
         mc = ModelConfig(config.model, dtype=config.dtype, custom_config=tiny)
@@ -398,18 +449,140 @@ def _build_policy(config: TrainingConfig, model, tokenizer):
         model = apply_lora(model, r=config.lora_r, alpha=2 * config.lora_r, dropout=0.0)
     return model, tokenizer
 
+# %% ../nbs/13_training.ipynb #c41eba97
+# hook -> (the numbers of positional arguments train calls it with, its signature as documented)
+_HOOK_SIGNATURES = {
+    "prompt_loader": ((1,), "iteration -> prompts"),
+    "rollout_fn": ((4,), "(model, tokenizer, prompts, config) -> Batch"),
+    "reward_fn": ((1,), "rollout -> reward"),
+    "generator": ((4,), "(model, tokenizer, prompts, gen_config) -> list[Generation]"),
+    "template_fn": ((2,), "(conversation, tokenizer) -> prompt text"),
+    "tool_parser": ((1,), "completion text -> tool calls"),
+    "algorithm_config": ((1,), "iteration -> algorithm config"),
+    "loss_fn": ((3,), "(batch, logprobs, algorithm_config) -> (loss, metrics)"),
+    "reward_transform": ((3,), "(rewards, group_ids, rollouts) -> (B,)"),
+    "kl_fn": ((2,), "(logprobs, ref_logprobs) -> (B, C)"),
+    "ref_model_update_fn": ((3, 2), "(ref_model, policy, step) -> ref_model"),
+    "optimizer_step_fn": ((2,), "(state, max_grad_norm) -> grad norm"),
+    "eval_fn": ((1,), "state -> {name: value}"),
+    "logger": ((2,), "(state, stats) -> None"),
+    "checkpoint_fn": ((1,), "state -> None"),
+    "iteration_hook": ((2,), "(state, batch) -> None or a new Batch"),
+    "stop_fn": ((2,), "(state, metrics) -> bool"),
+}
+
+
+def _takes(hook: Callable, n: int) -> bool:
+    "Whether `hook` can be called with `n` positional arguments (True when it has no signature to ask)."
+    try: signature = inspect.signature(hook)
+    except (TypeError, ValueError): return True  # some builtins and extension types
+    try: signature.bind(*range(n))  # placeholders: only their number matters
+    except TypeError: return False
+    return True
+
+
+def _check_hook_signatures(hooks: Sequence[tuple[str, Callable | None]], fn: str = "train") -> None:
+    "Each hook given can be called the way train calls it; otherwise a TypeError naming it and its signature."
+    for name, hook in hooks:
+        counts, doc = _HOOK_SIGNATURES[name]
+        if hook is None or any(_takes(hook, n) for n in counts): continue
+        label = getattr(hook, "__name__", type(hook).__name__)
+        args = " or ".join(map(str, counts)) + (" argument" if counts == (1,) else " arguments")
+        raise TypeError(f"{fn}: `{name}` must accept {args}, {doc}; `{label}{inspect.signature(hook)}` does not")
+
+# %% ../nbs/13_training.ipynb #6b09317e
+def _checked_template_fn(template_fn: Callable | None, fn: str = "train") -> Callable | None:
+    "`template_fn` with its result checked: a blank prompt would fail later, in generation, under another name."
+    if template_fn is None: return None
+    @functools.wraps(template_fn)
+    def checked(conversation, tokenizer):
+        text = template_fn(conversation, tokenizer)
+        if isinstance(text, str) and not text.strip():
+            raise ValueError(f"{fn}: `template_fn` returned a blank prompt ({text!r}); expected the conversation "
+                             "formatted as the text the model continues")
+        return text
+    return checked
+
+
+def _checked_generations(out, max_new_tokens: int, fn: str = "train") -> list:
+    "A generator's result: a list of Generations with 1 to `max_new_tokens` token ids (batch_generate checks the rest)."
+    if out is None or isinstance(out, (str, bytes, Mapping, Generation)) or not hasattr(out, "__iter__"):
+        raise TypeError(f"{fn}: `generator` returned {reprlib.repr(out)}; expected a list of Generation, "
+                        "num_return_sequences per prompt")
+    out = list(out)
+    for k, g in enumerate(out):
+        ids = g.token_ids if isinstance(g, Generation) else None
+        if ids is None or isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"): continue
+        if len(ids) == 0:
+            raise ValueError(f"{fn}: `generator` returned a Generation with no token ids (result {k}); a completion "
+                             "needs at least one sampled token to learn from (an EOS counts)")
+        if len(ids) > max_new_tokens:
+            raise ValueError(f"{fn}: `generator` returned {len(ids)} token ids for result {k}, more than "
+                             f"max_new_tokens={max_new_tokens}")
+    return out
+
+
+def _checked_generator(generator: Callable | None, fn: str = "train") -> Callable | None:
+    "`generator` with its result checked by `_checked_generations`."
+    if generator is None: return None
+    @functools.wraps(generator)
+    def checked(model, tokenizer, prompts, config):
+        return _checked_generations(generator(model, tokenizer, prompts, config), config.max_new_tokens, fn)
+    return checked
+
+
+def _first_algorithm(algo: Mapping | Callable, default_loss: bool, fn: str = "train") -> Mapping:
+    "The algorithm config of iteration 0 (it decides the run-level knobs): a dict with a 'name'."
+    first = algo(0) if callable(algo) else algo
+    if not isinstance(first, Mapping):
+        raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) or a function "
+                        f"iteration -> dict; got a {type(first).__name__}")
+    if "name" not in first:
+        raise ValueError(f"{fn}: `algorithm_config` has no 'name' ({reprlib.repr(dict(first))}); make it with "
+                         f"create_algorithm_config(name, ...), a name from {sorted(ALGORITHMS)}")
+    if default_loss and first["name"] not in ALGORITHMS:
+        raise ValueError(f"{fn}: `algorithm_config` names {first['name']!r}, not one of {sorted(ALGORITHMS)}; "
+                         "register it in ALGORITHMS, or pass your own `loss_fn`")
+    return first
+
+
+def _warn_unused_hooks(state: TrainingState, kl_fn: Callable | None, ref_model_update_fn: Callable | None,
+                       fn: str = "train") -> None:
+    "A warning for each hook the run will never call: without a reference model there is no KL and nothing to update."
+    if state.ref_model is not None: return
+    why = "the run has no reference model (there is one under LoRA, or when beta > 0)"
+    if kl_fn is not None: warnings.warn(f"{fn}: `kl_fn` is never called: {why}, so there is no KL to estimate")
+    if ref_model_update_fn is not None:
+        warnings.warn(f"{fn}: `ref_model_update_fn` is never called: {why}, so there is nothing to update")
+
 # %% ../nbs/13_training.ipynb #ca51e1a2
-def _check_objects(model, tokenizer, initial_state, progress, fn: str) -> None:
+def _check_initial_state(initial_state, fn: str) -> None:
+    "A TrainingState holding a torch model and a torch optimizer, as create_training_state makes it."
+    if not isinstance(initial_state, TrainingState):
+        raise TypeError(f"{fn}: `initial_state` must be a TrainingState (rlnb.training.create_training_state), "
+                        f"got a {type(initial_state).__name__}")
+    m, opt = initial_state.model, initial_state.optimizer
+    if not isinstance(m, torch.nn.Module):
+        raise TypeError(f"{fn}: `initial_state.model` must be a torch model (nn.Module), got {reprlib.repr(m)}; "
+                        "make the state with create_training_state(model, config)")
+    if not all(hasattr(opt, a) for a in ("param_groups", "step", "zero_grad")):
+        raise TypeError(f"{fn}: `initial_state.optimizer` must be a torch optimizer, got {reprlib.repr(opt)}; "
+                        "make the state with create_training_state(model, config)")
+
+
+def _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn: str) -> None:
     "The objects `train` is handed are of the kinds it needs (a name belongs in config.model, not in `model`)."
     if model is not None and not isinstance(model, torch.nn.Module):
         hint = f"; to load {model!r} by name, set config.model={model!r}" if isinstance(model, str) else ""
         raise TypeError(f"{fn}: `model` must be a torch model (nn.Module), got a {type(model).__name__}{hint}")
-    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(tokenizer)):
+    lacks = [a for a in ("pad_token_id", "eos_token_id", "decode") if not hasattr(tokenizer, a)]
+    if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or not callable(tokenizer) or lacks):
         raise TypeError(f"{fn}: `tokenizer` must be a tokenizer object (e.g. from rlnb.load_tokenizer), got a "
-                        f"{type(tokenizer).__name__}; with config.model set, leave it None")
-    if initial_state is not None and not isinstance(initial_state, TrainingState):
-        raise TypeError(f"{fn}: `initial_state` must be a TrainingState (rlnb.training.create_training_state), "
-                        f"got a {type(initial_state).__name__}")
+                        f"{type(tokenizer).__name__}" + (f" without {', '.join(lacks)}" if lacks else "")
+                        + "; with config.model set, leave it None")
+    if initial_state is not None: _check_initial_state(initial_state, fn)
+    if system_prompt is not None and not isinstance(system_prompt, str):
+        raise TypeError(f"{fn}: `system_prompt` must be a str or None, got a {type(system_prompt).__name__}")
     if not isinstance(progress, int) or progress not in (0, 1):
         raise TypeError(f"{fn}: `progress` must be True or False, got {progress!r}")
 
@@ -419,7 +592,8 @@ def train(
     model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
     tokenizer=None,  # its tokenizer (required with `model` or `initial_state`)
     initial_state: TrainingState | None = None,  # a ready state (model, optimizer, ...) instead of `model`
-    prompts: Sequence | DataBuffer | None = None,  # a fixed list of prompts (or TaskExamples) read in seeded epochs, or a DataBuffer
+    # a fixed list of prompts (or TaskExamples) read in seeded epochs, or a DataBuffer
+    prompts: Sequence | DataBuffer | None = None,
     prompt_loader: Callable | None = None,  # iteration -> prompts; None = `prompts`, else config.task's sampler
     rollout_fn: Callable | None = None,  # (model, tokenizer, prompts, config) -> Batch; None = create_rollout_fn(...)
     reward_fn: Callable | None = None,  # rollout -> reward; None = config.task's
@@ -427,7 +601,8 @@ def train(
     template_fn: Callable | None = None,  # (conversation, tokenizer) -> prompt text
     tool_parser: Callable | None = None,  # completion text -> tool calls
     system_prompt: str | None = None,  # system message for plain prompts (None = the task's)
-    algorithm_config: Mapping | Callable | None = None,  # a config dict or iteration -> config (switching); None = from config
+    # a config dict or iteration -> config (switching); None = from config
+    algorithm_config: Mapping | Callable | None = None,
     loss_fn: Callable | None = None,  # (batch, logprobs, algorithm_config) -> (loss, metrics)
     reward_transform: Callable | None = None,  # (rewards, group_ids, rollouts) -> (B,)
     kl_fn: Callable | None = None,  # (logprobs, ref_logprobs) -> (B, C)
@@ -437,40 +612,58 @@ def train(
     logger: Callable | Sequence[Callable] | None = None,  # (state, stats) -> None, or a list of them
     checkpoint_fn: Callable | None = None,  # state -> None; None = save_checkpoint into config.output_dir
     iteration_hook: Callable | None = None,  # (state, batch) -> None or a new Batch
-    stop_fn: Callable | None = None,  # (state, metrics) -> True to stop early (metrics include eval/ ones when evaluated)
+    # (state, metrics) -> True to stop early (metrics include eval/ ones when evaluated)
+    stop_fn: Callable | None = None,
     progress: bool = True,  # print a text progress line every ~10% of the run
 ) -> TrainingState:
     "Run rollout-then-update iterations until config.num_iterations, with evaluation, logging, checkpoints and resume."
     fn = "train"
     config = create_training_config(config)
-    hooks = dict(prompt_loader=prompt_loader, rollout_fn=rollout_fn, reward_fn=reward_fn, generator=generator, template_fn=template_fn,
-                 tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform, kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn,
-                 optimizer_step_fn=optimizer_step_fn, eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
+    hooks = dict(prompt_loader=prompt_loader, rollout_fn=rollout_fn, reward_fn=reward_fn, generator=generator,
+                 template_fn=template_fn, tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform,
+                 kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn, optimizer_step_fn=optimizer_step_fn,
+                 eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
     for name, hook in hooks.items():
-        if hook is not None and not callable(hook): raise TypeError(f"{fn}: `{name}` must be a function, got {type(hook).__name__}")
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{fn}: `{name}` must be a function, got {type(hook).__name__}")
     loggers = [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger]
-    if not all(callable(l) for l in loggers): raise TypeError(f"{fn}: `logger` must be a function (state, stats) -> None or a list of them")
-    given = dict(initial_state=initial_state is not None, model=model is not None, prompt_loader=prompt_loader is not None, prompts=prompts is not None,
-                 reward_fn=reward_fn is not None or rollout_fn is not None, eval_fn=eval_fn is not None, algorithm_config=algorithm_config is not None)
-    _check_objects(model, tokenizer, initial_state, progress, fn)
+    if not all(callable(l) for l in loggers):
+        raise TypeError(f"{fn}: `logger` must be a function (state, stats) -> None or a list of them")
+    _check_hook_signatures([*hooks.items(), *(("logger", l) for l in loggers),
+                            ("algorithm_config", algorithm_config if callable(algorithm_config) else None)], fn)
+    given = dict(initial_state=initial_state is not None, model=model is not None,
+                 prompt_loader=prompt_loader is not None, prompts=prompts is not None,
+                 reward_fn=reward_fn is not None or rollout_fn is not None, eval_fn=eval_fn is not None,
+                 algorithm_config=algorithm_config is not None)
+    _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn)
     _check_unused(config, given, fn)
-    if initial_state is not None and model is not None: raise ValueError(f"{fn}: pass `model` or `initial_state`, not both")
-    if (initial_state is not None or model is not None) and tokenizer is None: raise ValueError(f"{fn}: `tokenizer` is required with `model` or `initial_state`")
-    if rollout_fn is not None and any(h is not None for h in (reward_fn, generator, template_fn, tool_parser, system_prompt)):
-        raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, tool_parser, system_prompt), not both")
-    if prompts is not None and prompt_loader is not None: raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
+    warn_unsaved_checkpoints(config, checkpoint_fn, fn)
+    if initial_state is not None and model is not None:
+        raise ValueError(f"{fn}: pass `model` or `initial_state`, not both")
+    if (initial_state is not None or model is not None) and tokenizer is None:
+        raise ValueError(f"{fn}: `tokenizer` is required with `model` or `initial_state`")
+    if (rollout_fn is not None
+            and any(h is not None for h in (reward_fn, generator, template_fn, tool_parser, system_prompt))):
+        raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, "
+                         "tool_parser, system_prompt), not both")
+    if prompts is not None and prompt_loader is not None:
+        raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
     own_prompts = prompts is not None or prompt_loader is not None
     own_task = not (own_prompts and given["reward_fn"] and given["eval_fn"])
     task = task_for_policy(config.task, config.model, config.task_format) if own_task else None
     beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
-    algo = algorithm_config or create_algorithm_config(config.algorithm, config.algorithm_options, **beta)
-    first = algo(0) if callable(algo) else algo
-    spec = ALGORITHMS.get(first.get("name")) if isinstance(first, Mapping) else None
+    algo = (algorithm_config if algorithm_config is not None
+            else create_algorithm_config(config.algorithm, config.algorithm_options, **beta))
+    first = _first_algorithm(algo, loss_fn is None, fn)
+    spec = ALGORITHMS.get(first["name"])
     if spec is not None and spec.group_relative and config.group_size < 2:
-        raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is compared with the others "
-                         "sampled for its prompt, so a group of one has advantage 0 and nothing trains; use group_size >= 2")
-    if spec is not None and spec.whole_groups and config.micro_batch_size and config.micro_batch_size % config.group_size:
-        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s groups; use a multiple of group_size or None")
+        raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is "
+                         "compared with the others sampled for its prompt, so a group of one has advantage 0 and "
+                         "nothing trains; use group_size >= 2")
+    if (spec is not None and spec.whole_groups and config.micro_batch_size
+            and config.micro_batch_size % config.group_size):
+        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s "
+                         "groups; use a multiple of group_size or None")
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
 
@@ -493,9 +686,10 @@ def train(
                 if "data_buffer" not in state.metadata:
                     raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
                 prompts.load_state_dict(state.metadata["data_buffer"])
-            dropped = _drop_rows_after(metrics_path, state.iteration)
+            dropped = drop_metrics_after(metrics_path, state.iteration)
             print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
                   + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
+        _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
         buffer = prompts if isinstance(prompts, DataBuffer) else None
         if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
         elif prompt_loader is None:
@@ -508,7 +702,8 @@ def train(
                 buffer_length, penalty = run["overlong_buffer"], run["overlong_penalty"]
                 reward = add_overlong_penalty(reward, config.max_new_tokens, buffer_length, penalty)
             system = system_prompt if system_prompt is not None or task is None else task.system_prompt
-            rollout_fn = create_rollout_fn(reward, generator, template_fn, tool_parser, system)
+            generate, template = _checked_generator(generator, fn), _checked_template_fn(template_fn, fn)
+            rollout_fn = create_rollout_fn(reward, generate, template, tool_parser, system)
         elif run["overlong_buffer"]:
             raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
                              "set overlong_buffer=0")
@@ -532,34 +727,69 @@ def train(
 # %% ../nbs/13_training.ipynb #2317b0fd
 def _eval_stats(lr: float, metrics: Mapping[str, float]) -> TrainingStats:
     "An evaluation's metrics as a TrainingStats row: `eval_fn` must return {name: number}."
-    if not isinstance(metrics, Mapping) or not all(isinstance(k, str) and _is_number(v) for k, v in metrics.items()):
+    if not _is_metrics(metrics):
         raise TypeError(f"train: `eval_fn` returned {reprlib.repr(metrics)}; expected a dict of names to numbers")
     named = {k if k.startswith("eval/") else f"eval/{k}": float(v) for k, v in metrics.items()}
     nan = float("nan")
     return TrainingStats(nan, nan, lr, nan, nan, nan, named)
 
 
-def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn, ref_model_update_fn,
-          optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook, stop_fn) -> TrainingState:
+def _next_prompts(prompt_loader: Callable, iteration: int, fn: str = "train") -> list:
+    "This iteration's prompts from `prompt_loader`: at least one."
+    prompts = _split_prompts(prompt_loader(iteration), fn)
+    if not prompts:
+        raise ValueError(f"{fn}: `prompt_loader` returned no prompts at iteration {iteration}; expected at least one")
+    return prompts
+
+
+def _checked_stop(answer, fn: str = "train") -> bool:
+    "`stop_fn`'s answer: True or False (a numpy or one-element torch bool too; None: no); anything else is refused."
+    if answer is None: return False  # a function that only returns True when it stops
+    if isinstance(answer, (bool, np.bool_)): return bool(answer)
+    if isinstance(answer, Tensor) and answer.dtype == torch.bool and answer.numel() == 1: return bool(answer)
+    raise TypeError(f"{fn}: `stop_fn` returned {reprlib.repr(answer)} (a {type(answer).__name__}); "
+                    "expected True or False")
+
+
+def _warn_skipped(iteration: int, stats: TrainingStats, iteration_hook: Callable | None, fn: str = "train") -> None:
+    "Say that an iteration had no rollouts to learn from, and why, as far as the loop can tell."
+    if stats.custom_metrics.get("sampling/groups_kept") == 0:
+        why = "dynamic sampling dropped every group (none had a spread of rewards)"
+    else: why = f"`rollout_fn`{' or `iteration_hook`' if iteration_hook is not None else ''} returned an empty Batch"
+    warnings.warn(f"{fn}: iteration {iteration} had nothing to train on: {why}; it was skipped (said once: more "
+                  "skipped iterations are counted at the end of the run)")
+
+
+def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
+          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
+          stop_fn) -> TrainingState:
     "The body of `train`: iterate, log, evaluate, checkpoint, stop."
     emit = lambda s, st: [log(s, st) for log in loggers]
     def evaluate(s):
         st = _eval_stats(s.optimizer.param_groups[0]["lr"], eval_fn(s))
         emit(s, st)
         return st.custom_metrics
-    if eval_fn is not None and config.eval_every and state.iteration == 0 and config.num_iterations > 0: evaluate(state)
-    t0 = time.perf_counter()
+    if eval_fn is not None and config.eval_every and state.iteration == 0 and config.num_iterations > 0:
+        evaluate(state)
+    t0, skipped = time.perf_counter(), 0
     while state.iteration < config.num_iterations:
-        prompts = _split_prompts(prompt_loader(state.iteration))
-        state, batch, stats = training_iteration(state, prompts, tokenizer, config, rollout_fn, algo, loss_fn, reward_transform,
-                                                 kl_fn, ref_model_update_fn, optimizer_step_fn, iteration_hook)
+        prompts = _next_prompts(prompt_loader, state.iteration)
+        state, batch, stats = training_iteration(state, prompts, tokenizer, config, rollout_fn, algo, loss_fn,
+                                                 reward_transform, kl_fn, ref_model_update_fn, optimizer_step_fn,
+                                                 iteration_hook)
+        if len(batch) == 0:  # nothing trained this time
+            skipped += 1
+            if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
         emit(state, stats)
         out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
         done = state.iteration >= config.num_iterations or out_of_time
         metrics = dict(stats.custom_metrics)
-        if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done): metrics.update(evaluate(state))
-        stop = stop_fn is not None and bool(stop_fn(state, metrics))
+        if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
+            metrics.update(evaluate(state))
+        stop = stop_fn is not None and _checked_stop(stop_fn(state, metrics))
         every = config.checkpoint_every
-        if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop): checkpoint_fn(state)
+        if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
+            checkpoint_fn(state)
         if done or stop: break
+    if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
     return state

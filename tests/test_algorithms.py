@@ -88,9 +88,11 @@ def test_aggregate_loss_callable_and_weights():
 
 def test_advantages_by_hand():
     r = torch.tensor([1.0, 2, 3, 10])
-    torch.testing.assert_close(compute_grpo_advantages(r, group_size=2, scale="none"), torch.tensor([-0.5, 0.5, -3.5, 3.5]))
+    torch.testing.assert_close(compute_grpo_advantages(r, group_size=2, scale="none"),
+                               torch.tensor([-0.5, 0.5, -3.5, 3.5]))
     s = 1 / math.sqrt(2)
-    torch.testing.assert_close(compute_grpo_advantages(r, group_size=2), torch.tensor([-s, s, -s, s]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(compute_grpo_advantages(r, group_size=2), torch.tensor([-s, s, -s, s]),
+                               atol=1e-3, rtol=0)
     bstd = torch.tensor([1.0, 2, 3, 10]).std().item()
     torch.testing.assert_close(compute_grpo_advantages(r, group_size=2, scale="batch"),
                                torch.tensor([-0.5, 0.5, -3.5, 3.5]) / (bstd + 1e-4))
@@ -124,9 +126,11 @@ def test_error_messages(hand):
         compute_grpo_advantages(torch.ones(4, 2))
     with pytest.raises(ValueError, match="NaN"):
         compute_grpo_advantages(torch.tensor([0.0, math.nan]))
-    with pytest.raises(ValueError, match=r"grpo_loss: `loss_mask` has shape \(2, 2\), expected \(2, 3\) like `logprobs`"):
+    with pytest.raises(ValueError,
+                       match=r"grpo_loss: `loss_mask` has shape \(2, 2\), expected \(2, 3\) like `logprobs`"):
         grpo_loss(**{**hand, "loss_mask": hand["loss_mask"][:, :2]})
-    with pytest.raises(ValueError, match=r"`advantages` has shape \(3,\), expected \(2,\) per sequence or \(2, 3\) per token"):
+    with pytest.raises(ValueError,
+                       match=r"`advantages` has shape \(3,\), expected \(2,\) per sequence or \(2, 3\) per token"):
         grpo_loss(**{**hand, "advantages": torch.ones(3)})
     with pytest.raises(ValueError, match="needs `ref_logprobs`"):
         grpo_loss(**{**hand, "ref_logprobs": None}, beta=0.1)
@@ -142,8 +146,10 @@ def test_error_messages(hand):
 
 def _batch(hand):
     lp, old, ref = hand["logprobs"], hand["old_logprobs"], hand["ref_logprobs"]
-    rs = [Rollout("q", prompt_token_ids=[1], token_ids=[5, 6, 2], logprobs=old[0].tolist(), ref_logprobs=ref[0].tolist(), rewards=1.0, group_index=4),
-          Rollout("q", prompt_token_ids=[1, 3], token_ids=[7, 2], logprobs=old[1, :2].tolist(), ref_logprobs=ref[1, :2].tolist(), rewards=0.0, group_index=4)]
+    rs = [Rollout("q", prompt_token_ids=[1], token_ids=[5, 6, 2], logprobs=old[0].tolist(),
+                  ref_logprobs=ref[0].tolist(), rewards=1.0, group_index=4),
+          Rollout("q", prompt_token_ids=[1, 3], token_ids=[7, 2], logprobs=old[1, :2].tolist(),
+                  ref_logprobs=ref[1, :2].tolist(), rewards=0.0, group_index=4)]
     return collate(rs, pad_token_id=0, eos_token_id=2)
 
 
@@ -199,7 +205,8 @@ def test_training_toy_learns():
     cfg = create_grpo_config()
     for _ in range(30):
         with torch.no_grad(): toks = torch.multinomial(logits.softmax(-1), 32, replacement=True)  # (32,)
-        rs = [Rollout("p", prompt_token_ids=[0], token_ids=[t], rewards=float(t == 3), group_index=i // 8) for i, t in enumerate(toks.tolist())]
+        rs = [Rollout("p", prompt_token_ids=[0], token_ids=[t], rewards=float(t == 3), group_index=i // 8)
+              for i, t in enumerate(toks.tolist())]
         cb = collate(rs, pad_token_id=0)
         lp = logits.log_softmax(-1)[cb.completion_ids]  # (B, 1)
         loss, _ = compute_loss_by_algorithm(cb, lp, cfg)

@@ -1,10 +1,11 @@
-"Checkpoints and metric logs survive crashes: round trips, failed saves, saves killed at random moments, torn JSONL lines."
+"Checkpoints and metric logs survive crashes: round trips, failed saves, saves killed at any moment, torn JSONL lines."
 import json, os, random, signal, subprocess, sys, time, warnings
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing")  # raised inside transformers when peft wraps
+# raised inside transformers when peft wraps
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing")
 
 from rlnb.core import TrainingState, TrainingStats
 from rlnb.checkpoints import checkpoint_exists, load_checkpoint, save_checkpoint
@@ -112,6 +113,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_random_moments_always_leaves_a_complete_checkpoint(tmp_path):
     path, rng, last = tmp_path / "ckpt", random.Random(0), 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -150,7 +152,9 @@ def test_jsonl_logger_appends(tmp_path):
 
 def test_jsonl_logger_closes_a_torn_tail_and_load_metrics_skips_torn_lines(tmp_path):
     file = tmp_path / "m.jsonl"
-    file.write_text('{"step": 1, "reward/mean": 0.1}\n{"step": 2, "rew{"step": 3, "reward/mean": 0.3}\n{"step": 4, "rew')
+    file.write_text('{"step": 1, "reward/mean": 0.1}\n'
+                    '{"step": 2, "rew{"step": 3, "reward/mean": 0.3}\n'
+                    '{"step": 4, "rew')
     with pytest.warns(UserWarning, match="torn line"):
         create_jsonl_logger(file)(TrainingState(5, 5, None, None), stats(0.5))
     assert file.read_text().endswith('{"step": 4, "rew\n{"iteration": 5, "step": 5, "reward/mean": 0.5}\n')
@@ -158,7 +162,8 @@ def test_jsonl_logger_closes_a_torn_tail_and_load_metrics_skips_torn_lines(tmp_p
         warnings.simplefilter("always")
         df = load_metrics(file)
     assert df["step"].tolist() == [1, 5]
-    assert [str(w.message) for w in caught] == [f"load_metrics: skipped 2 lines of {file} (2, 3), not JSON records (torn writes?)"]
+    assert [str(w.message) for w in caught] == [
+        f"load_metrics: skipped 2 lines of {file} (2, 3), not JSON records (torn writes?)"]
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ValueError, match="holds no JSON records .* it is not a metrics file"): load_metrics(binary)

@@ -14,8 +14,10 @@ torch.set_num_threads(1)
 BASE = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=2, eval_size=16,
             seed=3)  # a seed whose samples differ within groups in both iterations: a zero gradient would hide changes
 CHANGES = {  # field -> a value different from BASE's (or the default)
-    "model": "tiny-perturbed", "dtype": "bfloat16", "task": "reverse", "task_format": "chat", "algorithm": "dr_grpo", "algorithm_options": {"scale": "none"}, "beta": 0.5,
-    "num_iterations": 3, "prompts_per_step": 3, "group_size": 3, "temperature": 0.5, "max_new_tokens": 2, "dynamic_sampling": True, "over_sampling_factor": 2.0,
+    "model": "tiny-perturbed", "dtype": "bfloat16", "task": "reverse", "task_format": "chat", "algorithm": "dr_grpo",
+    "algorithm_options": {"scale": "none"}, "beta": 0.5,
+    "num_iterations": 3, "prompts_per_step": 3, "group_size": 3, "temperature": 0.5, "max_new_tokens": 2,
+    "dynamic_sampling": True, "over_sampling_factor": 2.0,
     "max_sampling_rounds": 2, "overlong_buffer": 5,
     "learning_rate": 1e-3, "lr_schedule": "constant", "warmup_steps": 2, "weight_decay": 0.5, "max_grad_norm": 1e-4,
     "lora_r": 4, "updates_per_batch": 2, "micro_batch_size": 3, "seed": 1, "eval_every": 1, "eval_size": 1,
@@ -31,10 +33,11 @@ def perturbed_tiny(config):
 
 
 def outcome(config, monkeypatch):
-    "Everything observable about a run: its metric rows (timings aside), weights, forward passes, saves, threads, files."
+    "Everything observable about a run: metric rows (timings aside), weights, forward passes, saves, threads, files."
     rows, forwards, saves, threads = [], [0], [0], set()
     real_save = training.save_checkpoint
-    monkeypatch.setattr(training, "save_checkpoint", lambda *a, **k: (saves.__setitem__(0, saves[0] + 1), real_save(*a, **k))[1])
+    monkeypatch.setattr(training, "save_checkpoint",
+                        lambda *a, **k: (saves.__setitem__(0, saves[0] + 1), real_save(*a, **k))[1])
     def log(state, stats):
         threads.add(torch.get_num_threads())
         rows.append({k: round(v, 6) if isinstance(v, float) and math.isfinite(v) else v
@@ -49,8 +52,8 @@ def outcome(config, monkeypatch):
 
 
 def same(a, b):
-    return (a["rows"] == b["rows"] and a["forwards"] == b["forwards"] and a["saves"] == b["saves"] and a["threads"] == b["threads"]
-            and a["files"] == b["files"] and len(a["weights"]) == len(b["weights"])
+    return (a["rows"] == b["rows"] and a["forwards"] == b["forwards"] and a["saves"] == b["saves"]
+            and a["threads"] == b["threads"] and a["files"] == b["files"] and len(a["weights"]) == len(b["weights"])
             and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a["weights"], b["weights"])))
 
 
@@ -58,12 +61,15 @@ def test_every_field_is_covered():
     assert set(CHANGES) == set(TrainingConfig._fields)
 
 
+@pytest.mark.slow
 def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
-    MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"] = perturbed_tiny, lambda c: load_tiny_model(progress=False)[1]
+    MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"] = (
+        perturbed_tiny, lambda c: load_tiny_model(progress=False)[1])
     try:
         base_config = create_training_config(**BASE)
         base = outcome(base_config, monkeypatch)
-        assert same(base, outcome(base_config, monkeypatch)), "the base run is not deterministic: the comparison would mean nothing"
+        assert same(base, outcome(base_config, monkeypatch)), (
+            "the base run is not deterministic: the comparison would mean nothing")
         ignored = []
         for field, value in CHANGES.items():
             if field == "output_dir": value = str(tmp_path / "out")
@@ -71,10 +77,13 @@ def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
             config = create_training_config(**{**BASE, **extra, field: value})
             try: changed = outcome(config, monkeypatch)
             except ValueError as e:
-                assert field in str(e) or "output_dir" in str(e), f"{field}: rejected, but the error does not name it: {e}"
+                assert field in str(e) or "output_dir" in str(e), (
+                    f"{field}: rejected, but the error does not name it: {e}")
                 continue
-            if field == "checkpoint_every": base_f = outcome(create_training_config(**BASE, output_dir=str(tmp_path / "cb")), monkeypatch)
-            else: base_f = base
+            if field == "checkpoint_every":
+                base_f = outcome(create_training_config(**BASE, output_dir=str(tmp_path / "cb")), monkeypatch)
+            else:
+                base_f = base
             if same(changed, base_f): ignored.append(field)
         assert not ignored, f"accepted and ignored: {ignored}"
     finally:

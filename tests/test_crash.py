@@ -12,7 +12,8 @@ from rlnb.loggers import load_metrics
 from rlnb.training import train
 
 torch.set_num_threads(1)
-RUN = dict(num_iterations=30, prompts_per_step=4, group_size=4, max_new_tokens=6, eval_every=4, eval_size=16, checkpoint_every=1)
+RUN = dict(num_iterations=30, prompts_per_step=4, group_size=4, max_new_tokens=6, eval_every=4, eval_size=16,
+           checkpoint_every=1)
 SCRIPT = """
 import sys, torch
 torch.set_num_threads(1)
@@ -34,6 +35,7 @@ def start(out: Path, resume: bool) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_weights(tmp_path):
     reference = train(create_training_config(**RUN, output_dir=str(tmp_path / "reference")), progress=False)
     want = lora(reference)
@@ -41,7 +43,8 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_weights(tmp_p
     for attempt in range(3):
         proc = start(out, resume=checkpoint_exists(out / "checkpoint"))
         deadline = time.time() + 120
-        while not checkpoint_exists(out / "checkpoint") and proc.poll() is None and time.time() < deadline: time.sleep(0.02)
+        while not checkpoint_exists(out / "checkpoint") and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 1.0))  # somewhere in training, checkpointing or logging
         if proc.poll() is not None: break  # it finished first
         proc.send_signal(signal.SIGKILL); proc.wait(); killed += 1
@@ -53,9 +56,11 @@ def test_runs_killed_at_random_moments_resume_to_the_uninterrupted_weights(tmp_p
     df = load_metrics(out / "metrics.jsonl")
     steps = df.dropna(subset=["reward/mean"])["iteration"].tolist()
     assert steps == list(range(1, RUN["num_iterations"] + 1)), f"metric rows lost or duplicated: {steps}"
-    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name or ".old-" in p.name], "temporary folders left behind"
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name or ".old-" in p.name], (
+        "temporary folders left behind")
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     from rlnb.algorithms import compute_loss_by_algorithm
     def poisoned(batch, logprobs, config):

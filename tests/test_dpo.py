@@ -1,4 +1,5 @@
-"Checks of rlnb.dpo: pairs and the DPO loss against hand numbers, a naive loop and TRL's formula, gradients, the registry entry, and a short run that learns."
+"""Checks of rlnb.dpo: pairs and the DPO loss against hand numbers, a naive loop and TRL's formula, gradients, the
+registry entry, and a short run that learns."""
 import math
 
 import pytest
@@ -32,8 +33,10 @@ def naive_pairs(rewards, group_ids, selector="best_vs_worst", min_margin=0.0):
 
 def test_pairs_by_hand():
     r, g = torch.tensor([1., 0, .5, 1, 2, 2, 2, 2, 0, 3, 1, 3]), torch.arange(12) // 4
-    assert compute_dpo_pairs(r, g).tolist() == [[0, 1], [9, 8]]  # first of tied bests / worsts; the all-2 group has no pair
-    assert compute_dpo_pairs(r, g, "all_pairs").tolist() == [[0, 1], [0, 2], [2, 1], [3, 1], [3, 2], [9, 8], [9, 10], [10, 8], [11, 8], [11, 10]]
+    # first of tied bests / worsts; the all-2 group has no pair
+    assert compute_dpo_pairs(r, g).tolist() == [[0, 1], [9, 8]]
+    assert compute_dpo_pairs(r, g, "all_pairs").tolist() == [[0, 1], [0, 2], [2, 1], [3, 1], [3, 2],
+                                                             [9, 8], [9, 10], [10, 8], [11, 8], [11, 10]]
     assert compute_dpo_pairs(r, g, "all_pairs", min_margin=0.5).tolist()[:2] == [[0, 1], [3, 1]]
     assert compute_dpo_pairs(r, g, min_margin=2.0).tolist() == [[9, 8]]  # group 0's margin 1 is not more than 2
     assert compute_dpo_pairs(r, g, min_margin=3.0).tolist() == []  # nor group 2's 3 more than 3
@@ -53,12 +56,15 @@ def test_pairs_against_a_loop():
 
 
 def test_pairs_from_rollouts_batches_and_custom_selectors():
-    ros = [Rollout("p", prompt_token_ids=[0], token_ids=[1], rewards=x, group_index=i // 2) for i, x in enumerate([0., 1, 1, 1])]
+    ros = [Rollout("p", prompt_token_ids=[0], token_ids=[1], rewards=x, group_index=i // 2)
+           for i, x in enumerate([0., 1, 1, 1])]
     assert compute_dpo_pairs(ros).tolist() == [[1, 0]]
     assert compute_dpo_pairs(collate(ros, 0)).tolist() == [[1, 0]]
     assert compute_dpo_pairs(torch.tensor([0., 1, 2, 3]), pair_selector=lambda r, g, m: [[3, 0]]).tolist() == [[3, 0]]
-    with pytest.raises(ValueError, match="itself"): compute_dpo_pairs(torch.tensor([0., 1]), pair_selector=lambda r, g, m: [[1, 1]])
-    with pytest.raises(ValueError, match="expected one of"): compute_dpo_pairs(torch.tensor([0., 1]), pair_selector="best")
+    with pytest.raises(ValueError, match="itself"):
+        compute_dpo_pairs(torch.tensor([0., 1]), pair_selector=lambda r, g, m: [[1, 1]])
+    with pytest.raises(ValueError, match="expected one of"):
+        compute_dpo_pairs(torch.tensor([0., 1]), pair_selector="best")
     with pytest.raises(ValueError, match="min_margin"): compute_dpo_pairs(torch.tensor([0., 1]), min_margin=-1.0)
     with pytest.raises(ValueError, match="rewards"): compute_dpo_pairs(torch.tensor([0., math.nan]))
 
@@ -69,7 +75,8 @@ def test_loss_by_hand_two_pairs():
     c, rj = torch.tensor([1., -0.5], requires_grad=True), torch.tensor([-1., 3.5], requires_grad=True)
     loss, m = compute_dpo_loss(c, rj, beta=0.5)
     assert loss.item() == pytest.approx((0.313262 + 2.126928) / 2, abs=1e-6)
-    assert m == pytest.approx({"loss/dpo": 1.220095, "dpo/margin": -0.5, "dpo/accuracy": 0.5, "dpo/pairs": 2.0}, abs=1e-6)
+    assert m == pytest.approx({"loss/dpo": 1.220095, "dpo/margin": -0.5, "dpo/accuracy": 0.5, "dpo/pairs": 2.0},
+                              abs=1e-6)
     loss.backward()  # d loss / d chosen = -beta sigmoid(-z) / P
     assert c.grad.tolist() == pytest.approx([-0.5 * 0.268941 / 2, -0.5 * 0.880797 / 2], abs=1e-6)
     assert rj.grad.tolist() == pytest.approx((-c.grad).tolist(), abs=1e-7)
@@ -104,13 +111,15 @@ def test_loss_is_stable_at_huge_margins():
 
 
 def trl_online_dpo(logprobs, ref_logprobs, mask, rewards, beta):
-    "TRL's online DPO (sigmoid) re-derived: rows are [first completions..., second completions...], chosen = first if r1 >= r2."
+    """TRL's online DPO (sigmoid) re-derived: rows are [first completions..., second completions...], chosen = first
+    if r1 >= r2."""
     n = len(rewards) // 2
     first, second = rewards.split(n)
     first_wins = first >= second
     chosen, rejected = torch.arange(n) + (~first_wins) * n, torch.arange(n) + first_wins * n
     seq = lambda x, idx: (x[idx] * mask[idx]).sum(1)
-    pi_c, pi_r, ref_c, ref_r = seq(logprobs, chosen), seq(logprobs, rejected), seq(ref_logprobs, chosen), seq(ref_logprobs, rejected)
+    pi_c, pi_r, ref_c, ref_r = (seq(logprobs, chosen), seq(logprobs, rejected),
+                                seq(ref_logprobs, chosen), seq(ref_logprobs, rejected))
     margin = beta * (pi_c - ref_c) - beta * (pi_r - ref_r)
     return -F.logsigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r))).mean(), margin.mean(), (margin > 0).float().mean()
 
@@ -153,13 +162,15 @@ def small_batch():
     ref = [[-1., -2], [-1., 0], [-2., -1], [-1., 0]]
     delta = [[.5, .5], [-1., 0], [1.5, 2.], [-.5, 0]]
     n = [2, 1, 2, 1]
-    ros = [Rollout("p", prompt_token_ids=[5], token_ids=[1] * k, logprobs=[a + b for a, b in zip(f, d)][:k], ref_logprobs=f[:k],
-                   rewards=r, group_index=i // 2) for i, (k, f, d, r) in enumerate(zip(n, ref, delta, [1., 0, 0, 1]))]
+    ros = [Rollout("p", prompt_token_ids=[5], token_ids=[1] * k, logprobs=[a + b for a, b in zip(f, d)][:k],
+                   ref_logprobs=f[:k], rewards=r, group_index=i // 2)
+           for i, (k, f, d, r) in enumerate(zip(n, ref, delta, [1., 0, 0, 1]))]
     return collate(ros, pad_token_id=0)
 
 
 def rows(cb, idx):
-    return cb._replace(**{f: getattr(cb, f)[idx] if isinstance(getattr(cb, f), torch.Tensor) else getattr(cb, f) for f in cb._fields})
+    return cb._replace(**{f: getattr(cb, f)[idx] if isinstance(getattr(cb, f), torch.Tensor) else getattr(cb, f)
+                          for f in cb._fields})
 
 
 def test_registry_passes_batch_fields_and_matches_the_hand_numbers():
@@ -169,14 +180,17 @@ def test_registry_passes_batch_fields_and_matches_the_hand_numbers():
     lp = torch.where(cb.loss_mask > 0, cb.old_logprobs, -math.inf).requires_grad_()
     loss, m = compute_loss_by_algorithm(cb, lp, create_algorithm_config("dpo", beta=0.5))
     assert loss.item() == pytest.approx(1.220095, abs=1e-6) and m["dpo/pairs"] == 2
-    with pytest.raises(ValueError, match=r"no option\(s\) \['group_ids'\]"): create_algorithm_config("dpo", group_ids=[0])
-    with pytest.raises(ValueError, match=r"no option\(s\) \['rewards'\]"): create_algorithm_config("dpo", rewards=[0])
+    with pytest.raises(ValueError, match=r"no option\(s\) \['group_ids'\]"):
+        create_algorithm_config("dpo", group_ids=[0])
+    with pytest.raises(ValueError, match=r"no option\(s\) \['rewards'\]"):
+        create_algorithm_config("dpo", rewards=[0])
 
 
 def test_no_reference_is_a_clear_error():
     cb = small_batch()
     lp = cb.old_logprobs.clone().requires_grad_()
-    with pytest.raises(ValueError, match="LoRA"): compute_loss_by_algorithm(cb._replace(ref_logprobs=None), lp, create_algorithm_config("dpo"))
+    with pytest.raises(ValueError, match="LoRA"):
+        compute_loss_by_algorithm(cb._replace(ref_logprobs=None), lp, create_algorithm_config("dpo"))
 
 
 def test_a_group_split_across_micro_batches_is_refused():
@@ -187,12 +201,14 @@ def test_a_group_split_across_micro_batches_is_refused():
     halves = [compute_loss_by_algorithm(rows(whole, i), lp[i], cfg)[0].item() for i in (slice(0, 2), slice(2, 4))]
     assert sum(halves) / 2 == pytest.approx(1.220095, abs=1e-6)  # whole groups: the same pairs
     for cut in (slice(0, 3), slice(3, 4), slice(1, 3)):
-        with pytest.raises(ValueError, match="split across micro-batches"): compute_loss_by_algorithm(rows(whole, cut), lp[cut], cfg)
+        with pytest.raises(ValueError, match="split across micro-batches"):
+            compute_loss_by_algorithm(rows(whole, cut), lp[cut], cfg)
 
 
 # ---- a short run that learns ----
 TASK = get_task("addition")
-REWARD = lambda rollout: float(rollout.generation.text.startswith("1"))  # tests/test_training.py's learnable reward (~0.5 at the start)
+# tests/test_training.py's learnable reward (~0.5 at the start)
+REWARD = lambda rollout: float(rollout.generation.text.startswith("1"))
 
 
 def dpo_run(learning_rate, **changes):
@@ -207,8 +223,10 @@ def dpo_run(learning_rate, **changes):
 def learned(first, last): return last >= first + 0.3 and last >= 0.85
 
 
+@pytest.mark.slow
 def test_dpo_learns_a_learnable_reward():
-    "Default LoRA policy (the reference is the model with adapters off), beta 0.1, best vs worst: 20 iterations at lr 5e-3."
+    """Default LoRA policy (the reference is the model with adapters off), beta 0.1, best vs worst: 20 iterations at
+    lr 5e-3."""
     first, last = dpo_run(5e-3)
     print(f"dpo: reward 'starts with 1' {first:.2f} -> {last:.2f}")
     assert learned(first, last), (first, last)
@@ -229,4 +247,5 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(ValueError, match="ref_logprobs"):
         dpo_policy_loss(lp, lp, None, mask, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), torch.zeros(4))
     with pytest.raises(ValueError, match="finite"):
-        dpo_policy_loss(lp, lp, None, mask, torch.full((4, 2), math.nan), torch.zeros(4, dtype=torch.long), torch.zeros(4))
+        dpo_policy_loss(lp, lp, None, mask, torch.full((4, 2), math.nan), torch.zeros(4, dtype=torch.long),
+                        torch.zeros(4))

@@ -26,19 +26,23 @@ def test_parameters_cell_is_the_config_flat():
     assert names == list(TrainingConfig._fields)
     values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
     defaults = TrainingConfig()._asdict()
-    assert {k: v for k, v in values.items() if k != "output_dir"} == {k: v for k, v in defaults.items() if k != "output_dir"}
-    assert all(line.count("=") == 1 for line in src.splitlines() if line.strip()), "papermill cannot parse a line with two '='"
+    assert ({k: v for k, v in values.items() if k != "output_dir"}
+            == {k: v for k, v in defaults.items() if k != "output_dir"})
+    assert all(line.count("=") == 1 for line in src.splitlines() if line.strip()), (
+        "papermill cannot parse a line with two '='")
     assert "#| export" not in NB.read_text()
 
 
 @pytest.mark.parametrize("params, message", [({"lerning_rate": 1.0}, "did you mean 'learning_rate'"),
                                              ({"learning_rate": "abc"}, "`learning_rate` must be float")])
+@pytest.mark.slow
 def test_bad_parameters_stop_the_run_naming_them(tmp_path, params, message):
     with pytest.raises(pm.PapermillExecutionError, match=message):
         pm.execute_notebook(str(NB), str(tmp_path / "run.ipynb"), cwd=str(ROOT), progress_bar=False,
                             parameters=dict(output_dir=str(tmp_path / "out"), **params))
 
 
+@pytest.mark.slow
 def test_papermill_run_writes_outputs_and_learns(tmp_path):
     out = tmp_path / "run"
     pm.execute_notebook(str(NB), str(tmp_path / "run.ipynb"), cwd=str(ROOT), progress_bar=False,
@@ -50,7 +54,8 @@ def test_papermill_run_writes_outputs_and_learns(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["params"]["num_iterations"] == 40 and s["steps"] == 40 and s["reward_window"] == 10
     # greedy accuracy on held-out prompts is deterministic for the seed; it would stay put if no gradient arrived
-    assert s["accuracy_final"] > s["accuracy_start"], f"accuracy did not rise: {s['accuracy_start']} -> {s['accuracy_final']}"
+    assert s["accuracy_final"] > s["accuracy_start"], (
+        f"accuracy did not rise: {s['accuracy_start']} -> {s['accuracy_final']}")
     executed = json.loads((tmp_path / "run.ipynb").read_text())
     text = "".join(o.get("text", "") if isinstance(o.get("text", ""), str) else "".join(o["text"])
                    for c in executed["cells"] for o in c.get("outputs", []))

@@ -1,4 +1,5 @@
-"Sweeps as an experimenter runs them: parameters checked first, a real Dask cluster, failures recorded and retried, the tables, the plot, the command line."
+"""Sweeps as an experimenter runs them: parameters checked first, a real Dask cluster, failures recorded and retried,
+the tables, the plot, the command line."""
 import json, os, re, subprocess, sys
 import multiprocessing
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -36,11 +37,12 @@ summary = dict(reward_start=rewards[0], reward_final=rewards[-1], omp=os.environ
 
 def write_toy(path: Path, bug: bool) -> Path:
     "A papermill notebook faking a run in a blink; with `bug` it raises at step 3 when learning_rate > 2.5e-3."
-    body = TOY_BODY.replace("BUG", 'if learning_rate > 2.5e-3 and step == 3: raise FloatingPointError("loss is nan")' if bug else "pass")
+    body = TOY_BODY.replace("BUG", 'if learning_rate > 2.5e-3 and step == 3: raise FloatingPointError("loss is nan")'
+                            if bug else "pass")
     cells = [nbformat.v4.new_code_cell("learning_rate = 1e-3\nnum_iterations = 10\nseed = 0\noutput_dir = 'x'",
                                        metadata={"tags": ["parameters"]}), nbformat.v4.new_code_cell(body)]
-    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "language": "python",
-                                                                                 "display_name": "python3"}}), path)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "language": "python", "display_name": "python3"}}), path)
     return path
 
 
@@ -58,20 +60,24 @@ def test_bad_parameters_fail_before_any_kernel_starts(tmp_path, monkeypatch):
              ({"task": "adition"}, ValueError, "`task` must be one of"),
              ({"algorithm": "grp0"}, ValueError, "`algorithm` must be one of"),
              ({"output_dir": "elsewhere"}, ValueError, "must not set output_dir"),
-             ({"algorithm_options": {"clip": float("nan")}}, TypeError, "parameter 'algorithm_options' must be a JSON value")]
+             ({"algorithm_options": {"clip": float("nan")}}, TypeError,
+              "parameter 'algorithm_options' must be a JSON value")]
     for params, error, message in cases:
         with pytest.raises(error, match=re.escape(message)):
             run_experiment(TRAINING_NB, params, tmp_path / "run")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_experiment(tmp_path / "missing.ipynb", {}, tmp_path / "run")
     # a sweep checks every run before submitting any: the bad one is named
-    with pytest.raises(ValueError, match=re.escape("run learning_rate=-1.0,seed=0: TrainingConfig: `learning_rate` must be > 0")):
-        run_sweep(TRAINING_NB, {"learning_rate": [1e-3, -1.0]}, seeds=2, executor=NoKernelExecutor(), output_root=tmp_path / "s")
+    with pytest.raises(ValueError,
+                       match=re.escape("run learning_rate=-1.0,seed=0: TrainingConfig: `learning_rate` must be > 0")):
+        run_sweep(TRAINING_NB, {"learning_rate": [1e-3, -1.0]}, seeds=2, executor=NoKernelExecutor(),
+                  output_root=tmp_path / "s")
     assert not (tmp_path / "run").exists() and not (tmp_path / "s").exists()
 
 
 def test_a_kernel_that_dies_before_starting_is_started_again_and_a_notebook_error_is_not(tmp_path, monkeypatch):
-    "Two kernels racing for a port kill one before it runs anything: that run is retried; a failing notebook is recorded at once."
+    """Two kernels racing for a port kill one before it runs anything: that run is retried; a failing notebook is
+    recorded at once."""
     import papermill
     toy, calls = write_toy(tmp_path / "toy.ipynb", bug=False), []
     def flaky(*args, **kwargs):
@@ -104,7 +110,8 @@ def test_grid_expansion_and_run_names():
     assert odd == run_name({"model": "org/model", "seed": 0}) != run_name({"model": "org-model", "seed": 0})
     assert "/" not in odd
     for grid, seeds, message in [({"lr": []}, None, "empty list"), ({"seed": [1]}, 2, "use one of them"),
-                                 ({"lr": [1]}, 0, "`seeds` must be"), ([{"seed": 1}, {"seed": 1}], None, "runs must differ")]:
+                                 ({"lr": [1]}, 0, "`seeds` must be"),
+                                 ([{"seed": 1}, {"seed": 1}], None, "runs must differ")]:
         with pytest.raises(ValueError, match=re.escape(message)): expand_grid(grid, seeds)
 
 
@@ -121,6 +128,7 @@ def dask_sweep(tmp_path_factory):
     return root, results, lines, worker_pids
 
 
+@pytest.mark.slow
 def test_sweep_of_the_training_notebook_on_dask(dask_sweep):
     root, results, lines, worker_pids = dask_sweep
     assert [r.run_id for r in results] == [run_name({"learning_rate": lr, **TINY, "seed": 0}) for lr in (1e-3, 4e-3)]
@@ -128,20 +136,25 @@ def test_sweep_of_the_training_notebook_on_dask(dask_sweep):
     pids = {json.loads((r.output_dir / STATUS_FILE).read_text())["pid"] for r in results}
     assert pids <= worker_pids and os.getpid() not in pids, "the runs did not run in the Dask workers"
     for r in results:
-        assert {"metrics.jsonl", "reward_curve.png", "run.ipynb", "status.json", "summary.json"} <= {p.name for p in r.output_dir.iterdir()}
+        assert ({"metrics.jsonl", "reward_curve.png", "run.ipynb", "status.json", "summary.json"}
+                <= {p.name for p in r.output_dir.iterdir()})
         assert r.summary["steps"] == 4 and r.summary["params"]["learning_rate"] == r.params["learning_rate"]
         assert r.output_dir == root / r.run_id and r.seconds > 0
-    assert len(lines) == 2 and all(re.fullmatch(r"\[[12]/2\] learning_rate=0\.00[14] ok \d+ s  reward \d\.\d\d->\d\.\d\d  acc \d\.\d\d->\d\.\d\d", l)
+    assert len(lines) == 2 and all(re.fullmatch(r"\[[12]/2\] learning_rate=0\.00[14] ok \d+ s  "
+                                                r"reward \d\.\d\d->\d\.\d\d  acc \d\.\d\d->\d\.\d\d", l)
                                    for l in lines), lines
     # the same sweep again: nothing to run, so nothing may be submitted
-    again = run_sweep(TRAINING_NB, {"learning_rate": [1e-3, 4e-3], **TINY}, executor=NoKernelExecutor(), output_root=root, log_fn=None)
+    again = run_sweep(TRAINING_NB, {"learning_rate": [1e-3, 4e-3], **TINY}, executor=NoKernelExecutor(),
+                      output_root=root, log_fn=None)
     assert all(r.skipped and r.status == "completed" for r in again)
     with pytest.raises(AssertionError, match="a run was submitted"):  # a fixed value changed: another run, not a reuse
-        run_sweep(TRAINING_NB, {"learning_rate": [1e-3], **TINY, "num_iterations": 5}, executor=NoKernelExecutor(), output_root=root)
+        run_sweep(TRAINING_NB, {"learning_rate": [1e-3], **TINY, "num_iterations": 5}, executor=NoKernelExecutor(),
+                  output_root=root)
     with pytest.raises(ValueError, match="holds a completed run with other parameters"):  # a folder is one run's
         run_experiment(TRAINING_NB, {"learning_rate": 4e-3, **TINY}, results[0].output_dir)
 
 
+@pytest.mark.slow
 def test_load_sweep_tables(dask_sweep):
     root, results, _, _ = dask_sweep
     sweep = load_sweep(root)
@@ -162,11 +175,13 @@ def test_load_sweep_tables(dask_sweep):
         assert (rows["learning_rate"] == r.params["learning_rate"]).all()
 
 
+@pytest.mark.slow
 def test_plot_sweep_draws_one_line_per_setting(dask_sweep):
     root, results, _, _ = dask_sweep
     sweep = load_sweep(root)
     fig = plot_sweep(sweep, smooth=1)
-    assert [ax.get_title() for ax in fig.axes] == ["mean reward", "greedy accuracy (held-out)", "final value by learning_rate"]
+    assert [ax.get_title() for ax in fig.axes] == ["mean reward", "greedy accuracy (held-out)",
+                                                   "final value by learning_rate"]
     reward_lines = fig.axes[0].get_lines()
     assert [l.get_label() for l in reward_lines] == ["learning_rate=0.001 (n=1)", "learning_rate=0.004 (n=1)"]
     for line, r in zip(reward_lines, results):  # one seed each: the line is the run's own curve
@@ -176,11 +191,15 @@ def test_plot_sweep_draws_one_line_per_setting(dask_sweep):
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_failed_run_is_recorded_others_finish_and_a_rerun_retries_it(tmp_path):
     notebook, root = write_toy(tmp_path / "toy.ipynb", bug=True), tmp_path / "sweep"
     grid = {"learning_rate": [1e-3, 3e-3], "num_iterations": 10}
-    killed = root / "learning_rate=0.001,num_iterations=10,seed=1"  # a run killed earlier: status "running", a partial file
-    killed.mkdir(parents=True); (killed / STATUS_FILE).write_text('{"status": "running", "attempt": 1}'); (killed / "metrics.jsonl").write_text("{")
+    # a run killed earlier: status "running", a partial file
+    killed = root / "learning_rate=0.001,num_iterations=10,seed=1"
+    killed.mkdir(parents=True)
+    (killed / STATUS_FILE).write_text('{"status": "running", "attempt": 1}')
+    (killed / "metrics.jsonl").write_text("{")
     pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))  # any executor; one for both sweeps
     first = run_sweep(notebook, grid, seeds=2, executor=pool, output_root=root, log_fn=None)
     assert [r.status for r in first] == ["completed", "completed", "failed", "failed"]
@@ -192,7 +211,8 @@ def test_failed_run_is_recorded_others_finish_and_a_rerun_retries_it(tmp_path):
     for r in first[:2]:  # one thread per run, and the caller's tiny-model cache
         assert (r.summary["omp"], r.summary["rlnb_threads"]) == ("1", "1")
         if os.environ.get("RLNB_CACHE"): assert r.summary["cache"] == str(Path(os.environ["RLNB_CACHE"]).resolve())
-    assert json.loads((killed / STATUS_FILE).read_text())["attempt"] == 2 and len((killed / "metrics.jsonl").read_text().splitlines()) == 10
+    assert (json.loads((killed / STATUS_FILE).read_text())["attempt"] == 2
+            and len((killed / "metrics.jsonl").read_text().splitlines()) == 10)
     assert (killed / "attempts" / "1" / "metrics.jsonl").read_text() == "{"  # the killed attempt, kept
     stamps = [r.notebook.stat().st_mtime_ns for r in first[:2]]
     write_toy(notebook, bug=False)  # the fix
@@ -205,7 +225,8 @@ def test_failed_run_is_recorded_others_finish_and_a_rerun_retries_it(tmp_path):
     sweep = load_sweep(root)
     fig = plot_sweep(sweep, metrics=("reward/mean",), smooth=1)
     line = fig.axes[0].get_lines()[1]
-    runs = sweep.metrics[sweep.metrics["learning_rate"] == 3e-3].pivot(index="step", columns="seed", values="reward/mean")
+    runs = sweep.metrics[sweep.metrics["learning_rate"] == 3e-3].pivot(index="step", columns="seed",
+                                                                       values="reward/mean")
     np.testing.assert_allclose(line.get_ydata(), runs.mean(axis=1).to_numpy())
     assert len(fig.axes[0].collections) == 2  # a std band per setting
     plt.close("all")
@@ -222,27 +243,33 @@ def test_a_run_whose_worker_dies_is_recorded_as_failed(tmp_path):
     assert status["status"] == "failed"  # so the next sweep retries it
 
 
+@pytest.mark.slow
 def test_command_line_run_and_sweep(tmp_path, monkeypatch, capsys):
     notebook = write_toy(tmp_path / "toy.ipynb", bug=True)
-    run = subprocess.run([sys.executable, "-m", "rlnb.cli", "run", str(notebook), "-p", "learning_rate", "2e-3", "-p", "seed", "1",
-                          "-o", str(tmp_path / "one")], capture_output=True, text=True, cwd=tmp_path)  # `python -m rlnb.cli` too
+    # `python -m rlnb.cli` too
+    run = subprocess.run([sys.executable, "-m", "rlnb.cli", "run", str(notebook), "-p", "learning_rate", "2e-3",
+                          "-p", "seed", "1", "-o", str(tmp_path / "one")], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert re.fullmatch(r"\[1/1\] one ok \d+ s  reward \d\.\d\d->\d\.\d\d\n", run.stdout), run.stdout
     assert json.loads((tmp_path / "one" / STATUS_FILE).read_text())["params"] == {"learning_rate": 2e-3, "seed": 1}
-    sweep = subprocess.run([str(RLNB), "sweep", str(notebook), "-p", "learning_rate", "1e-3", "3e-3", "-p", "num_iterations", "5",
-                            "--seeds", "1", "--workers", "2", "-o", "sweep"], capture_output=True, text=True, cwd=tmp_path)
+    sweep = subprocess.run([str(RLNB), "sweep", str(notebook), "-p", "learning_rate", "1e-3", "3e-3",
+                            "-p", "num_iterations", "5", "--seeds", "1", "--workers", "2", "-o", "sweep"],
+                           capture_output=True, text=True, cwd=tmp_path)
     assert sweep.returncode == 1, sweep.stderr  # a run failed
     out = sweep.stdout.splitlines()
     assert len(out) == 3 and sorted(l[:5] for l in out[:2]) == ["[1/2]", "[2/2]"], out
     assert re.search(r"\] learning_rate=0\.001 ok \d+ s  reward ", "\n".join(out[:2]))
     assert re.search(r"\] learning_rate=0\.003 FAILED \d+ s  FloatingPointError: loss is nan  \(", "\n".join(out[:2]))
-    assert out[2] == (f"1 of 2 runs completed in {(tmp_path / 'sweep').resolve()}; failed: learning_rate=0.003,num_iterations=5,seed=0 "
+    assert out[2] == (f"1 of 2 runs completed in {(tmp_path / 'sweep').resolve()}; "
+                      "failed: learning_rate=0.003,num_iterations=5,seed=0 "
                       "(the same command again retries them)")
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == \
         ["learning_rate=0.001,num_iterations=5,seed=0", "learning_rate=0.003,num_iterations=5,seed=0"]
-    monkeypatch.chdir(tmp_path)  # bad arguments, in this process (the same `main` the command calls): exit status 2, nothing run
+    # bad arguments, in this process (the same `main` the command calls): exit status 2, nothing run
+    monkeypatch.chdir(tmp_path)
     for argv, message in [(["sweep", str(notebook), "-p", "lerning_rate", "1e-3"], "did you mean 'learning_rate'"),
-                          (["run", str(notebook), "-p", "learning_rate", "1e-3", "3e-3"], "takes one value per parameter"),
+                          (["run", str(notebook), "-p", "learning_rate", "1e-3", "3e-3"],
+                           "takes one value per parameter"),
                           (["run", str(tmp_path / "missing.ipynb")], "does not exist")]:
         assert main(argv) == 2
         assert message in capsys.readouterr().err
@@ -288,13 +315,15 @@ def alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; it only waits for its parent to read its status
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is a Linux feature")
 def test_killing_the_sweep_driver_kills_its_runs_and_the_same_sweep_finishes_them(tmp_path):
     import signal, time
     notebook, root = write_slow_toy(tmp_path / "slow.ipynb"), tmp_path / "sweep"
     grid = {"pause": 0.25, "num_iterations": 40}
     driver_code = (f"from rlnb.experiments import run_sweep\n"
-                   f"run_sweep({str(notebook)!r}, {grid!r}, seeds=2, output_root={str(root)!r}, workers=2, check_params=None)")
+                   f"run_sweep({str(notebook)!r}, {grid!r}, seeds=2, output_root={str(root)!r}, workers=2, "
+                   f"check_params=None)")
     driver = subprocess.Popen([sys.executable, "-c", driver_code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = [root / run_name({**grid, "seed": s}) / "metrics.jsonl" for s in (0, 1)]
     deadline = time.time() + 120
@@ -318,6 +347,7 @@ def test_killing_the_sweep_driver_kills_its_runs_and_the_same_sweep_finishes_the
         assert (r.output_dir / "attempts" / "1" / "metrics.jsonl").read_text().count("\n") == cut
 
 
+@pytest.mark.slow
 def test_a_run_whose_process_dies_fails_alone(tmp_path):
     notebook = write_slow_toy(tmp_path / "slow.ipynb")
     results = run_sweep(notebook, {"die": [False, True], "pause": 0.05}, output_root=tmp_path / "sweep", workers=2,
@@ -327,18 +357,23 @@ def test_a_run_whose_process_dies_fails_alone(tmp_path):
     assert (results[0].output_dir / "metrics.jsonl").read_text().count("\n") == 10
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_is_never_touched(tmp_path):
     from rlnb.cache import folder_lock
     notebook, out = write_slow_toy(tmp_path / "slow.ipynb"), tmp_path / "sweep" / "seed=0"
-    out.mkdir(parents=True); (out / STATUS_FILE).write_text('{"status": "running", "attempt": 1}'); (out / "metrics.jsonl").write_text("{}\n")
-    code = f"from rlnb.cache import folder_lock\nimport time\nwith folder_lock({str(out)!r}, 'train'):\n    print('held', flush=True); time.sleep(60)"
+    out.mkdir(parents=True)
+    (out / STATUS_FILE).write_text('{"status": "running", "attempt": 1}')
+    (out / "metrics.jsonl").write_text("{}\n")
+    code = (f"from rlnb.cache import folder_lock\nimport time\nwith folder_lock({str(out)!r}, 'train'):\n"
+            f"    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RuntimeError, match=f"in use by another process \\(purpose train, pid {holder.pid}"):
             run_experiment(notebook, {"seed": 0}, out, check_params=None)
         lines = []
-        results = run_sweep(notebook, {"seed": [0]}, output_root=tmp_path / "sweep", check_params=None, log_fn=lines.append)
+        results = run_sweep(notebook, {"seed": [0]}, output_root=tmp_path / "sweep", check_params=None,
+                            log_fn=lines.append)
     finally:
         holder.kill(); holder.wait(); holder.stdout.close()
     assert results[0].status == "running" and "in use, left alone" in lines[0], lines

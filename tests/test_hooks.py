@@ -32,8 +32,9 @@ def test_reward_fn():
 def test_prompt_loader_and_prompts():
     seen = []
     reward = lambda r: seen.append(r.metadata["question"]) or 0.0
-    run(CFG._replace(prompts_per_step=TrainingConfig().prompts_per_step), prompt_loader=lambda it: [TaskExample(f"{it}+1=", str(it + 1))] * 2,
-        reward_fn=reward)  # the loader decides how many prompts: prompts_per_step stays at its default
+    # the loader decides how many prompts: prompts_per_step stays at its default
+    run(CFG._replace(prompts_per_step=TrainingConfig().prompts_per_step),
+        prompt_loader=lambda it: [TaskExample(f"{it}+1=", str(it + 1))] * 2, reward_fn=reward)
     assert set(seen) == {"0+1=", "1+1=", "2+1="}
     seen.clear()
     run(prompts=["5+5=", "6+6=", "7+7="], reward_fn=reward)
@@ -43,7 +44,8 @@ def test_prompt_loader_and_prompts():
 def test_generator():
     def fixed(model, tokenizer, prompts, config):
         ids = tokenizer("42", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        return [Generation("42", token_ids=ids, finish_reason="stop") for _ in range(len(prompts) * config.num_return_sequences)]
+        return [Generation("42", token_ids=ids, finish_reason="stop")
+                for _ in range(len(prompts) * config.num_return_sequences)]
     texts = []
     run(generator=fixed, reward_fn=lambda r: texts.append(r.generation.text) or 0.0)
     assert texts and set(texts) == {"42"}
@@ -61,7 +63,8 @@ def test_template_fn_and_system_prompt():
 
 def test_tool_parser():
     calls = []
-    run(tool_parser=lambda text: [{"name": "calc", "arguments": {"text": text}}], reward_fn=lambda r: calls.append(len(r.tool_calls)) or 0.0)
+    run(tool_parser=lambda text: [{"name": "calc", "arguments": {"text": text}}],
+        reward_fn=lambda r: calls.append(len(r.tool_calls)) or 0.0)
     assert calls and set(calls) == {1}
 
 
@@ -114,24 +117,29 @@ def test_optimizer_step_fn():
 
 def test_eval_fn():
     evals = []
-    run(CFG._replace(eval_every=1), eval_fn=lambda s: {"eval/it": float(s.iteration)}, logger=lambda s, st: evals.append(st.custom_metrics.get("eval/it")))
+    run(CFG._replace(eval_every=1), eval_fn=lambda s: {"eval/it": float(s.iteration)},
+        logger=lambda s, st: evals.append(st.custom_metrics.get("eval/it")))
     assert [e for e in evals if e is not None] == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_logger_and_checkpoint_fn():
     logged, saved = [], []
-    run(CFG._replace(checkpoint_every=1), logger=lambda s, st: logged.append(s.iteration), checkpoint_fn=lambda s: saved.append(s.iteration))
+    run(CFG._replace(checkpoint_every=1), logger=lambda s, st: logged.append(s.iteration),
+        checkpoint_fn=lambda s: saved.append(s.iteration))
     assert logged == [1, 2, 3] and saved == [1, 2, 3]
 
 
 def test_iteration_hook_and_stop_fn():
-    state, rows = run(iteration_hook=lambda s, b: Batch([]) if s.iteration == 1 else None, stop_fn=lambda s, m: s.iteration == 2)
+    with pytest.warns(UserWarning, match="iteration 1 had nothing to train on"):
+        state, rows = run(iteration_hook=lambda s, b: Batch([]) if s.iteration == 1 else None,
+                          stop_fn=lambda s, m: s.iteration == 2)
     assert state.iteration == 2 and [r.get("skipped") for r in rows] == [None, 1.0]
 
 
 def test_algorithm_config_switch():
     names = []
-    run(algorithm_config=lambda it: create_algorithm_config("grpo" if it < 1 else "dr_grpo"), logger=lambda s, st: names.append(st.custom_metrics["algorithm"]))
+    run(algorithm_config=lambda it: create_algorithm_config("grpo" if it < 1 else "dr_grpo"),
+        logger=lambda s, st: names.append(st.custom_metrics["algorithm"]))
     assert names == ["grpo", "dr_grpo", "dr_grpo"]
 
 

@@ -80,8 +80,9 @@ def test_tool_call_parsers(name):
     _check_calls(_timed(extract_tool_calls, text))
 
 
-@pytest.mark.parametrize("name", [n for n in HOSTILE if n.startswith("deep_json")] + ["nines_in_json", "exponent_in_json",
-                                  "nan_in_json", "surrogate_escape_in_call", "import_call", "unclosed_block", "long_call"])
+@pytest.mark.parametrize("name", [n for n in HOSTILE if n.startswith("deep_json")] + [
+    "nines_in_json", "exponent_in_json", "nan_in_json", "surrogate_escape_in_call", "import_call", "unclosed_block",
+    "long_call"])
 def test_hostile_tool_calls_become_error_results(name):
     calls = _timed(parse_json_tool_calls, HOSTILE[name])
     assert len(calls) == 1 and calls[0]["name"] is None and calls[0]["error"], calls[0]
@@ -94,7 +95,8 @@ def test_checkers_and_extractors(name):
                           (tasks.check_extracted_number, "12"), (tasks.check_extracted_number, "Paris")]:
         assert _timed(check, text, answer) in (True, False)
     assert _timed(tasks.parse_number, text) is None or isinstance(tasks.parse_number(text), Decimal)
-    for extract in (tasks.extract_number, tasks.extract_gsm8k_answer, lambda t: tasks.extract_gsm8k_answer("#### " + t)):
+    for extract in (tasks.extract_number, tasks.extract_gsm8k_answer,
+                    lambda t: tasks.extract_gsm8k_answer("#### " + t)):
         got = _timed(extract, text)
         assert got is None or (isinstance(got, str) and Decimal(got).is_finite())
 
@@ -111,6 +113,7 @@ def test_safe_eval_and_calculator(name):
         assert time.perf_counter() - t0 < BOUND_S
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("timeout_s", [None, 5.0])
 def test_hostile_text_through_execute_tools(timeout_s):
     "Every hostile text as a parsed call and as a calculator argument: one result per call, never an exception."
@@ -146,6 +149,7 @@ def test_one_hostile_call_in_a_batch_leaves_the_others_intact():
     assert results[2]["error"].startswith("ValueError") and results[2]["name"] == "calculator"
 
 
+@pytest.mark.slow
 def test_timed_out_tool_is_killed_with_its_side_effects(tmp_path):
     marker = tmp_path / "side_effect"
     def slow_then_write():
@@ -163,11 +167,12 @@ def test_timed_out_tool_is_killed_with_its_side_effects(tmp_path):
 def test_tool_exceptions_and_unpicklable_results_become_error_results():
     def boom(): raise ZeroDivisionError("tool divided by zero")
     def die(): os._exit(3)
-    res = execute_tools([{"name": "boom", "arguments": {}}, {"name": "die", "arguments": {}}, {"name": "lock", "arguments": {}},
-                         {"name": "echo", "arguments": {"s": "a\ud800b"}}],
+    res = execute_tools([{"name": "boom", "arguments": {}}, {"name": "die", "arguments": {}},
+                         {"name": "lock", "arguments": {}}, {"name": "echo", "arguments": {"s": "a\ud800b"}}],
                         tools={"boom": boom, "die": die, "lock": lambda: {"content": "x", "lock": threading.Lock()},
                                "echo": lambda s: s}, timeout_s=5.0)
-    assert res[0]["error"] == "ZeroDivisionError: tool divided by zero" and res[0]["content"].startswith("error: ZeroDivisionError")
+    assert (res[0]["error"] == "ZeroDivisionError: tool divided by zero"
+            and res[0]["content"].startswith("error: ZeroDivisionError"))
     assert "'die'" in res[1]["error"] and "exit" in res[1]["error"]
     assert "'lock'" in res[2]["error"] and "pickle" in res[2]["error"]
     assert res[3]["error"] is None and res[3]["content"].encode("utf-8")

@@ -1,4 +1,5 @@
-"Inference (rlnb.models, chat, generation, logprobs, tools) as a programmer uses it: on an untrained tiny model (no SFT, no network)."
+"""Inference (rlnb.models, chat, generation, logprobs, tools) as a programmer uses it: on an untrained tiny model
+(no SFT, no network)."""
 import copy, subprocess, sys, time
 from pathlib import Path
 
@@ -32,13 +33,16 @@ def prompts(tiny):
 
 
 def score(model, tok, gens, temperature=1.0, micro_batch_size=None):
-    rs = [Rollout("", prompt_token_ids=g.metadata["prompt_token_ids"], token_ids=g.token_ids, logprobs=g.logprobs) for g in gens]
+    rs = [Rollout("", prompt_token_ids=g.metadata["prompt_token_ids"], token_ids=g.token_ids, logprobs=g.logprobs)
+          for g in gens]
     cb = collate(rs, tok.pad_token_id, tok.eos_token_id)
     with torch.no_grad():
-        lp = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, cb.completion_ids.shape[1], temperature, micro_batch_size)
+        lp = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, cb.completion_ids.shape[1],
+                                         temperature, micro_batch_size)
     return lp, cb
 
 
+@pytest.mark.slow
 def test_import_alone_in_a_fresh_process():
     "Each module imports without the notebooks having been run first."
     for module, name in (("models", "load_model"), ("chat", "format_prompt"), ("generation", "batch_generate"),
@@ -62,7 +66,9 @@ def test_batched_equals_one_at_a_time_and_matches_training_logprobs(tiny, prompt
 def test_sampled_groups_are_prompt_major_and_match_training_logprobs(tiny, prompts):
     model, tok = tiny
     set_seed(0)
-    gens = batch_generate(model, tok, prompts, GenerationConfig(max_new_tokens=8, temperature=0.7, top_k=20, num_return_sequences=3, logprobs=True), batch_size=4)
+    gens = batch_generate(model, tok, prompts, GenerationConfig(max_new_tokens=8, temperature=0.7, top_k=20,
+                                                                num_return_sequences=3, logprobs=True),
+                          batch_size=4)
     assert [g.metadata["prompt_index"] for g in gens] == [i for i in range(len(prompts)) for _ in range(3)]
     assert [g.metadata["sample_index"] for g in gens[:3]] == [0, 1, 2]
     lp, cb = score(model, tok, gens, temperature=0.7)
@@ -83,13 +89,15 @@ def test_shared_prompts_give_the_full_pass_logprobs_and_gradients(tiny, prompts,
     cb = collate(rs, tok.pad_token_id, tok.eos_token_id)
     C, adapters = cb.completion_ids.shape[1], [p for p in policy.parameters() if p.requires_grad]
     out, rows = {}, []
-    hook = policy.get_base_model().model.register_forward_pre_hook(lambda m, args, kw: rows.append(len(kw["input_ids"])),
-                                                                    with_kwargs=True)
+    hook = policy.get_base_model().model.register_forward_pre_hook(
+        lambda m, args, kw: rows.append(len(kw["input_ids"])), with_kwargs=True)
     for share in (False, True):
         rows.clear()
-        lp = compute_logprobs_for_tokens(policy, cb.input_ids, cb.attention_mask, C, 0.8, micro_batch_size, share_prompts=share)
+        lp = compute_logprobs_for_tokens(policy, cb.input_ids, cb.attention_mask, C, 0.8, micro_batch_size,
+                                         share_prompts=share)
         out[share] = (lp * cb.completion_mask).detach(), torch.autograd.grad((lp * cb.completion_mask).sum(), adapters)
-        if share and micro_batch_size is None:  # the prompts really ran once each (a renamed cache argument once turned this off)
+        # the prompts really ran once each (a renamed cache argument once turned this off)
+        if share and micro_batch_size is None:
             assert rows[0] == len(prompts), rows
     hook.remove()
     torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=0)
@@ -102,7 +110,8 @@ def test_shared_prefill_samples_what_plain_generate_samples(tiny):
     "Sampling from one prefill per prompt draws the same tokens as repeating each prompt row (same seed)."
     from rlnb.generation import _hf_generate_kwargs, left_pad
     model, tok = tiny
-    qs = [format_prompt(q, tok) for q in ("12+34=", "999+1=", "70+70=")]  # equal token lengths: batch_generate keeps the order
+    # equal token lengths: batch_generate keeps the order
+    qs = [format_prompt(q, tok) for q in ("12+34=", "999+1=", "70+70=")]
     cfg = GenerationConfig(max_new_tokens=6, temperature=1.0, num_return_sequences=5)
     set_seed(3)
     gens = batch_generate(model, tok, qs, cfg)
@@ -110,8 +119,10 @@ def test_shared_prefill_samples_what_plain_generate_samples(tiny):
     set_seed(3)
     with torch.no_grad():
         plain = model.generate(input_ids=ids.repeat_interleave(5, 0), attention_mask=mask.repeat_interleave(5, 0),
-                               **_hf_generate_kwargs(cfg._replace(num_return_sequences=1), tok, tok.pad_token_id, [tok.eos_token_id]))
-    assert [g.token_ids for g in gens] == [row[ids.shape[1]:ids.shape[1] + len(g.token_ids)].tolist() for row, g in zip(plain.sequences, gens)]
+                               **_hf_generate_kwargs(cfg._replace(num_return_sequences=1), tok, tok.pad_token_id,
+                                                     [tok.eos_token_id]))
+    assert [g.token_ids for g in gens] == [row[ids.shape[1]:ids.shape[1] + len(g.token_ids)].tolist()
+                                           for row, g in zip(plain.sequences, gens)]
 
 
 class EndOddRows:
@@ -126,11 +137,13 @@ class EndOddRows:
 
 @pytest.mark.parametrize("pad_is_eos", [False, True])
 def test_early_eos_rows_are_cut_and_scored_right(tiny, prompts, pad_is_eos):
-    "Rows that stop early end with one EOS, others run to the budget; also when the pad token is the EOS token (GPT-2 style)."
+    """Rows that stop early end with one EOS, others run to the budget; also when the pad token is the EOS token
+    (GPT-2 style)."""
     model, _ = tiny
     tok = build_tokenizer()
     if pad_is_eos: tok.pad_token = tok.eos_token
-    cfg = GenerationConfig(max_new_tokens=6, do_sample=False, logprobs=True, custom_params={"logits_processor": [EndOddRows(tok.eos_token_id, 2)]})
+    cfg = GenerationConfig(max_new_tokens=6, do_sample=False, logprobs=True,
+                           custom_params={"logits_processor": [EndOddRows(tok.eos_token_id, 2)]})
     gens = batch_generate(model, tok, prompts, cfg)
     stops = [g for g in gens if g.finish_reason == "stop"]
     assert len(stops) == len(prompts) // 2
@@ -164,10 +177,11 @@ def test_left_padding_does_not_change_logprobs(tiny):
 
 
 def test_load_model_from_a_saved_directory_with_lora_and_checkpointing(tiny, tmp_path, prompts):
-    "The from_pretrained path (no network: a local directory), LoRA, gradient checkpointing, gradients only in adapters."
+    "The from_pretrained path (no network: a local folder), LoRA, gradient checkpointing, gradients only in adapters."
     model, tok = tiny
     model.save_pretrained(tmp_path); tok.save_pretrained(tmp_path)
-    cfg = ModelConfig(model_name_or_path=str(tmp_path), device="cpu", use_lora=True, lora_r=2, gradient_checkpointing=True)
+    cfg = ModelConfig(model_name_or_path=str(tmp_path), device="cpu", use_lora=True, lora_r=2,
+                      gradient_checkpointing=True)
     m = load_model(cfg)
     base = m.get_base_model()
     assert getattr(base, "is_activation_checkpointing", None) or base.is_gradient_checkpointing
@@ -190,14 +204,17 @@ def test_generator_hook_gets_the_prompt_list(tiny, prompts):
     def echo(m, t, ps, c):
         seen.append(list(ps))
         return [Generation(f"{p}#{j}", token_ids=[]) for p in ps for j in range(c.num_return_sequences)]
-    gens = batch_generate(model, tok, prompts[:2], GenerationConfig(num_return_sequences=2), batch_size=1, generator=echo)
+    gens = batch_generate(model, tok, prompts[:2], GenerationConfig(num_return_sequences=2), batch_size=1,
+                          generator=echo)
     assert [g.text for g in gens] == [f"{p}#{j}" for p in prompts[:2] for j in range(2)] and seen == [prompts[:2]]
     assert generate(model, tok, prompts[0], generator=echo).text == f"{prompts[0]}#0" and seen[-1] == [prompts[0]]
-    with pytest.raises(ValueError, match="expected 2"): batch_generate(model, tok, prompts[:1], GenerationConfig(num_return_sequences=2), generator=lambda *a: [])
+    with pytest.raises(ValueError, match="expected 2"):
+        batch_generate(model, tok, prompts[:1], GenerationConfig(num_return_sequences=2), generator=lambda *a: [])
 
 
 def test_logprob_extractor_scores_the_sampled_tokens(tiny, prompts):
-    "generate_with_logprobs: recorded log-probs by default; a logprob_extractor (compute_logprobs_for_tokens) gives the same."
+    """generate_with_logprobs: recorded log-probs by default; a logprob_extractor (compute_logprobs_for_tokens) gives
+    the same."""
     model, tok = tiny
     cfg = GenerationConfig(max_new_tokens=6, temperature=0.7)
     set_seed(4)
@@ -209,13 +226,16 @@ def test_logprob_extractor_scores_the_sampled_tokens(tiny, prompts):
     calls = []
     def extractor(m, input_ids, attention_mask, completion_length, temperature=1.0, micro_batch_size=None):
         calls.append((tuple(input_ids.shape), completion_length, temperature))
-        return compute_logprobs_for_tokens(m, input_ids, attention_mask, completion_length, temperature, micro_batch_size)
-    replay = lambda m, t, ps, c: [Generation(recorded.text, token_ids=recorded.token_ids)]  # a backend without log-probs
+        return compute_logprobs_for_tokens(m, input_ids, attention_mask, completion_length, temperature,
+                                           micro_batch_size)
+    # a backend without log-probs
+    replay = lambda m, t, ps, c: [Generation(recorded.text, token_ids=recorded.token_ids)]
     out = generate_with_logprobs(model, tok, prompts[1], cfg, logprob_extractor=extractor, generator=replay)
     torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(recorded.logprobs), atol=1e-4, rtol=0)
     P = len(tok.encode(prompts[1]))
     assert calls == [((1, P + len(recorded.token_ids)), len(recorded.token_ids), 0.7)]
-    with pytest.raises(ValueError, match="logprob_extractor"): generate_with_logprobs(model, tok, prompts[1], cfg, generator=replay)
+    with pytest.raises(ValueError, match="logprob_extractor"):
+        generate_with_logprobs(model, tok, prompts[1], cfg, generator=replay)
 
 
 def test_model_and_tokenizer_registries(tiny):
@@ -236,18 +256,23 @@ def test_clear_errors(tiny):
     model, tok = tiny
     cfg = GenerationConfig(max_new_tokens=4)
     with pytest.raises(ValueError, match="`prompts` is empty"): batch_generate(model, tok, [], cfg)
-    with pytest.raises(ValueError, match="num_return_sequences"): batch_generate(model, tok, ["1+1="], cfg._replace(num_return_sequences=0))
-    with pytest.raises(ValueError, match="max_new_tokens"): batch_generate(model, tok, ["1+1="], cfg._replace(max_new_tokens=0))
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        batch_generate(model, tok, ["1+1="], cfg._replace(num_return_sequences=0))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        batch_generate(model, tok, ["1+1="], cfg._replace(max_new_tokens=0))
     bare = build_tokenizer(); bare.pad_token = None; bare.eos_token = None
-    with pytest.raises(ValueError, match="neither a pad token nor an EOS token"): batch_generate(model, bare, ["1+1="], cfg)
+    with pytest.raises(ValueError, match="neither a pad token nor an EOS token"):
+        batch_generate(model, bare, ["1+1="], cfg)
     ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
-    with pytest.raises(ValueError, match="completion ids have shape"): compute_logprobs_for_tokens(model, ids, mask, torch.ones(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="completion ids have shape"):
+        compute_logprobs_for_tokens(model, ids, mask, torch.ones(3, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="completion_length"): compute_logprobs_for_tokens(model, ids, mask, 5)
     with pytest.raises(ValueError, match="match no module"): apply_lora(copy.deepcopy(model), target_modules=["nope"])
 
 
 def test_tools_never_eval_and_time_out():
-    calls = extract_tool_calls('<tool_call>{"name": "sleep", "arguments": {}}</tool_call><tool_call>__import__("os").system("x")</tool_call>')
+    calls = extract_tool_calls('<tool_call>{"name": "sleep", "arguments": {}}</tool_call>'
+                               '<tool_call>__import__("os").system("x")</tool_call>')
     t0 = time.time()
     res = execute_tools(calls, tools={"sleep": lambda: time.sleep(3)}, timeout_s=0.1)
     assert time.time() - t0 < 1.5

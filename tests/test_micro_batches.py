@@ -1,4 +1,4 @@
-"Gradient accumulation is exact for every registered algorithm and every aggregation: micro-batches add up to the full batch."
+"Gradient accumulation is exact for every registered algorithm and aggregation: micro-batches add up to the full batch."
 import pytest
 import torch
 
@@ -27,7 +27,8 @@ def setting():
     batch = create_batch_rollouts(policy, tok, examples, GenerationConfig(max_new_tokens=6, num_return_sequences=GROUP))
     lengths = [len(r.token_ids) for r in batch.rollouts]
     assert len(set(lengths)) > 1, lengths  # rows of different lengths: token and row weights differ
-    rewards = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(1)).tolist()  # distinct: every group pairs
+    # distinct: every group pairs
+    rewards = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(1)).tolist()
     batch = batch._replace(rollouts=[r._replace(rewards=x) for r, x in zip(batch.rollouts, rewards)])
     return policy, tok, batch
 
@@ -51,7 +52,8 @@ def accumulated_grads(setting, name: str, options: dict, micro_batch_size):
 
 
 CASES = [(name, {}) for name in sorted(ALGORITHMS)] + [
-    (name, {"aggregation": agg}) for name in ("grpo", "ppo", "rloo") for agg in ("token_mean", "sequence_mean", "constant")
+    (name, {"aggregation": agg})
+    for name in ("grpo", "ppo", "rloo") for agg in ("token_mean", "sequence_mean", "constant")
 ] + [("dpo", {"pair_selector": "all_pairs"}), ("grpo", {"beta": 0.04})]
 
 
@@ -61,4 +63,5 @@ def test_micro_batches_give_the_full_batch_gradient(setting, name, options):
     micro = accumulated_grads(setting, name, options, GROUP)  # whole groups (DPO pairs within a group)
     assert full and full.keys() == micro.keys()
     for key in full:
-        torch.testing.assert_close(micro[key], full[key], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name} {options} {key}: {m}")
+        torch.testing.assert_close(micro[key], full[key], rtol=1e-4, atol=1e-6,
+                                   msg=lambda m: f"{name} {options} {key}: {m}")

@@ -20,38 +20,46 @@ PUBLIC = {
     "tools": "generate_conversation_turn extract_tool_calls execute_tools",
     "rewards": "trl_reward compute_scalar_reward compute_vector_reward aggregate_vector_rewards compute_batch_rewards "
                "normalize_rewards apply_reward_shaping format_reward exact_match_reward length_penalty_reward "
-               "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform pareto_ranks pareto_reward",
-    "reward_models": "load_reward_model compute_reward_model_score create_rm_reward_fn create_rm_rollout_fn preference_loss "
-                     "make_preference_pairs make_rollout_pairs train_reward_model load_tiny_reward_model",
+               "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform "
+               "pareto_ranks pareto_reward",
+    "reward_models": "load_reward_model compute_reward_model_score create_rm_reward_fn create_rm_rollout_fn "
+                     "preference_loss make_preference_pairs make_rollout_pairs train_reward_model "
+                     "load_tiny_reward_model",
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
           "create_periodic_updater update_reference_model",
-    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader DataBuffer evaluate_accuracy create_eval_fn",
-    "multiturn": "parse_tool_calls parse_function_calls chat_template_tool_parser execute_and_track_tools track_tool_calls "
-                 "EnvStep Environment create_tool_environment create_multiturn_rollout create_multiturn_rollout_fn",
+    "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader DataBuffer "
+                "evaluate_accuracy create_eval_fn",
+    "multiturn": "parse_tool_calls parse_function_calls chat_template_tool_parser execute_and_track_tools "
+                 "track_tool_calls EnvStep Environment create_tool_environment create_multiturn_rollout "
+                 "create_multiturn_rollout_fn",
     "sampling": "batch_groups nonzero_std_filter min_reward_filter diversity_filter length_filter combine_filters "
                 "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
-                  "create_grpo_config create_algorithm_config compute_batch_advantages compute_loss_by_algorithm get_algorithm_config",
-    "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss create_dapo_config "
-                 "gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
+                  "create_grpo_config create_algorithm_config compute_batch_advantages compute_loss_by_algorithm "
+                  "get_algorithm_config",
+    "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss "
+                 "create_dapo_config gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
     "dpo": "compute_dpo_pairs compute_dpo_loss dpo_policy_loss",
-    "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages compute_value_loss "
-           "compute_ppo_loss create_ppo_config PPO_DEFAULTS",
-    "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics create_progress_logger "
-               "create_tensorboard_logger load_wandb_metrics",
+    "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages "
+           "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
+    "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
+               "create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
     "training": "training_step training_iteration train create_optimizer default_num_threads",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
     "tiny": "load_tiny_model build_tokenizer build_tiny_model",
-    "experiments": "RunResult STATUS_FILE RUN_LOCK_FILE ATTEMPTS_DIR ProcessPerRun check_run_params run_name expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
+    "experiments": "RunResult STATUS_FILE RUN_LOCK_FILE ATTEMPTS_DIR ProcessPerRun check_run_params run_name "
+                   "expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
     "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",
-    "viewer": "view_rollouts token_values tokens_html colorbar_html rollout_html group_html RolloutViewer QUANTITY_STYLES",
-    "environments": "count_letters create_text_environment create_verifier_tool create_verification_environment ConversationState "
-                    "create_conversation_environment scripted_user swap_roles create_model_user",
+    "viewer": "view_rollouts token_values tokens_html colorbar_html rollout_html group_html RolloutViewer "
+              "QUANTITY_STYLES",
+    "environments": "count_letters create_text_environment create_verifier_tool create_verification_environment "
+                    "ConversationState create_conversation_environment scripted_user swap_roles create_model_user",
     "tool_use": "TOOL_SYSTEM_PROMPT TOOL_USE_SFT TOOL_USE_RL products_task tool_demonstration make_tool_demonstrations "
-                "sft_tool_use_model tool_use_cache_path load_tool_use_model tool_use_stats create_tool_use_rollout_fn evaluate_tool_use tool_use_config",
+                "sft_tool_use_model tool_use_cache_path load_tool_use_model tool_use_stats create_tool_use_rollout_fn "
+                "evaluate_tool_use tool_use_config",
 }
 
 
@@ -89,5 +97,6 @@ def test_notebooks_are_clean():
 
 def test_names_live_where_the_map_says():
     import importlib
-    wrong = [f"{m}.{n}" for m, names in PUBLIC.items() for n in names.split() if not hasattr(importlib.import_module(f"rlnb.{m}"), n)]
+    wrong = [f"{m}.{n}" for m, names in PUBLIC.items() for n in names.split()
+             if not hasattr(importlib.import_module(f"rlnb.{m}"), n)]
     assert not wrong, f"not defined in the module the map names: {wrong}"

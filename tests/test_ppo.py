@@ -1,4 +1,5 @@
-"PPO end to end: GAE against a loop and Stable-Baselines3, the value head in training, switching, checkpoints and exact resume, learning."
+"""PPO end to end: GAE against a loop and Stable-Baselines3, the value head in training, switching, checkpoints and
+exact resume, learning."""
 import math
 
 import numpy as np
@@ -39,7 +40,8 @@ def test_gae_matches_a_loop_and_stable_baselines3(gamma, lam):
     adv, ret = compute_gae(tr, v, m, gamma, lam)
     torch.testing.assert_close(adv, loop_gae(tr, v, m, gamma, lam), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ret, (adv + v) * m)
-    buf = RolloutBuffer(C, spaces.Box(-1, 1, (1,)), spaces.Discrete(2), device="cpu", gamma=gamma, gae_lambda=lam, n_envs=B)
+    buf = RolloutBuffer(C, spaces.Box(-1, 1, (1,)), spaces.Discrete(2), device="cpu", gamma=gamma, gae_lambda=lam,
+                        n_envs=B)
     buf.rewards[:], buf.values[:], buf.episode_starts[:] = 0, 0, 0
     steps = [[t for t in range(C) if m[i, t]] for i in range(B)]
     for i, s in enumerate(steps):
@@ -55,7 +57,8 @@ def test_gae_skips_positions_the_policy_did_not_write():
     tr, v = torch.tensor([[0., 0, 1]]), torch.tensor([[.5, .6, .8]])
     adv, _ = compute_gae(tr, v, torch.ones(1, 3), 1.0, 0.5)
     torch.testing.assert_close(adv, torch.tensor([[.25, .3, .2]]))
-    adv_gap, _ = compute_gae(torch.tensor([[0., 5, 5, 0, 1]]), torch.tensor([[.5, -9, 9, .6, .8]]), torch.tensor([[1., 0, 0, 1, 1]]), 1.0, 0.5)
+    adv_gap, _ = compute_gae(torch.tensor([[0., 5, 5, 0, 1]]), torch.tensor([[.5, -9, 9, .6, .8]]),
+                             torch.tensor([[1., 0, 0, 1, 1]]), 1.0, 0.5)
     torch.testing.assert_close(adv_gap, torch.tensor([[.25, 0, 0, .3, .2]]))
 
 
@@ -75,12 +78,14 @@ def test_value_clip_by_hand_and_gradient():
     torch.testing.assert_close(v.grad, torch.tensor([[-0.2, 0.0]]))
 
 
+@pytest.mark.slow
 def test_ppo_learns_a_learnable_reward_and_its_value_head_learns_too():
     "The reward of test_training's learnable task climbs; the value head's prediction follows the reward up."
     state, tok = lora_policy(lr=3e-3)
     rows = []
-    out = train(create_training_config(algorithm="ppo", num_iterations=20, group_size=8, eval_every=0), initial_state=state, tokenizer=tok,
-                prompt_loader=lambda it: TASK.sample(8, seed=it), reward_fn=lambda r: float(r.generation.text.startswith("1")),
+    out = train(create_training_config(algorithm="ppo", num_iterations=20, group_size=8, eval_every=0),
+                initial_state=state, tokenizer=tok, prompt_loader=lambda it: TASK.sample(8, seed=it),
+                reward_fn=lambda r: float(r.generation.text.startswith("1")),
                 logger=lambda s, st: rows.append(st.custom_metrics), progress=False)
     first, last = sum(r["reward/mean"] for r in rows[:3]) / 3, sum(r["reward/mean"] for r in rows[-3:]) / 3
     v_first, v_last = rows[0]["value/mean"], sum(r["value/mean"] for r in rows[-3:]) / 3
@@ -93,27 +98,33 @@ def test_ppo_learns_a_learnable_reward_and_its_value_head_learns_too():
 def test_switching_grpo_to_ppo_creates_the_value_head_and_back():
     names = ["grpo", "ppo", "ppo", "grpo"]
     seen = []
-    state = train(create_training_config(**{**SMALL, "num_iterations": 4}), algorithm_config=lambda it: create_algorithm_config(names[it]),
+    state = train(create_training_config(**{**SMALL, "num_iterations": 4}),
+                  algorithm_config=lambda it: create_algorithm_config(names[it]),
                   reward_fn=lambda r: len(r.token_ids) / 6,  # never all 0: the value head always has something to learn
-                  logger=lambda s, st: seen.append((st.custom_metrics["algorithm"], "loss/value" in st.custom_metrics, s.value_head is not None)),
+                  logger=lambda s, st: seen.append((st.custom_metrics["algorithm"], "loss/value" in st.custom_metrics,
+                                                    s.value_head is not None)),
                   progress=False)
     assert seen == [("grpo", False, False), ("ppo", True, True), ("ppo", True, True), ("grpo", False, True)], seen
     assert len(state.optimizer.param_groups) == 2 and state.value_head.weight.abs().sum() > 0
 
 
 def test_ppo_checkpoint_holds_the_value_head_and_resume_is_exact(tmp_path):
-    "A GRPO -> PPO run stopped after 3 iterations and resumed to 5 ends with the same adapters and value head as a run of 5."
+    """A GRPO -> PPO run stopped after 3 iterations and resumed to 5 ends with the same adapters and value head as a run
+    of 5."""
     schedule = {0: "grpo", 2: "ppo"}
     cfg = {**SMALL, "num_iterations": 5}
     algo = lambda it: create_algorithm_config(schedule[max(k for k in schedule if k <= it)])
     full = train(create_training_config(**cfg, output_dir=str(tmp_path / "a")), algorithm_config=algo, progress=False)
-    train(create_training_config(**cfg, output_dir=str(tmp_path / "b")), algorithm_config=algo, stop_fn=lambda s, m: s.iteration >= 3,
-          progress=False)  # the same config (the cosine schedule's length is part of the run), stopped as if it died
+    # the same config (the cosine schedule's length is part of the run), stopped as if it died
+    train(create_training_config(**cfg, output_dir=str(tmp_path / "b")), algorithm_config=algo,
+          stop_fn=lambda s, m: s.iteration >= 3, progress=False)
     assert checkpoint_metadata(tmp_path / "b" / "checkpoint")["value_head"]
-    resumed = train(create_training_config(**cfg, output_dir=str(tmp_path / "b"), resume=True), algorithm_config=algo, progress=False)
+    resumed = train(create_training_config(**cfg, output_dir=str(tmp_path / "b"), resume=True), algorithm_config=algo,
+                    progress=False)
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         if "lora_" in n: assert torch.equal(a, b), n
-    assert torch.equal(full.value_head.weight, resumed.value_head.weight) and torch.equal(full.value_head.bias, resumed.value_head.bias)
+    assert (torch.equal(full.value_head.weight, resumed.value_head.weight)
+            and torch.equal(full.value_head.bias, resumed.value_head.bias))
 
 
 def test_ppo_runs_with_groups_of_one_and_kl_in_the_loss():

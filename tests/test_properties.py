@@ -1,5 +1,6 @@
 """Properties of the advantage and loss functions over random shapes, masks and group layouts (hypothesis):
-finite in -> finite out; a group whose rewards are all equal gets advantage exactly 0; masked tokens get exactly zero gradient."""
+finite in -> finite out; a group whose rewards are all equal gets advantage exactly 0; masked tokens get exactly zero
+gradient."""
 import math
 
 import torch
@@ -53,7 +54,8 @@ def test_float32_rounding_of_the_mean_gives_no_advantage():
 
 @st.composite
 def token_batch(draw):
-    "Random (logprobs with grad, old_logprobs, ref_logprobs, advantages (B,) or (B, C), loss_mask) with garbage off the mask."
+    """Random (logprobs with grad, old_logprobs, ref_logprobs, advantages (B,) or (B, C), loss_mask) with garbage off
+    the mask."""
     B, C, seed = draw(st.integers(1, 6)), draw(st.integers(1, 12)), draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(B, C, generator=g) < draw(st.floats(0.0, 1.0))).float()  # (B, C), rows may be all zero

@@ -65,6 +65,7 @@ def write_gguf(path, architecture):
     writer.close()
 
 
+@pytest.mark.slow
 def test_bad_gguf_files_get_errors_naming_the_file(tmp_path):
     real = smollm2_gguf_path().read_bytes()
     (tmp_path / "cut.gguf").write_bytes(real[: len(real) // 3])
@@ -84,6 +85,7 @@ def test_bad_gguf_files_get_errors_naming_the_file(tmp_path):
     assert inspect_gguf(smollm2_gguf_path())["parameters"] == 134_515_008
 
 
+@pytest.mark.slow
 def test_chat_task_rollouts_in_the_real_template(smol):
     model, tok = smol
     torch.manual_seed(0)
@@ -153,6 +155,7 @@ def test_two_turn_calculator_episode_loss_mask_in_the_smollm2_template(smol):
     assert html.count("not trained (loss_mask 0)") == len(r.token_ids) - len(trained)
 
 
+@pytest.mark.slow
 def test_sampled_multiturn_logprobs_match_recomputed_ones(smol):
     model, tok = smol
     again = Environment(step=lambda state, conversation: EnvStep((Message("user", "Are you sure?"),)), name="again")
@@ -172,6 +175,7 @@ def test_sampled_multiturn_logprobs_match_recomputed_ones(smol):
     torch.testing.assert_close(lp * cb.loss_mask, cb.old_logprobs * cb.loss_mask, atol=2e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_grpo_trains_smollm2_with_lora(dtype):
     run = dict(SMALL_RUN, dtype=dtype, num_iterations=2, max_new_tokens=16, learning_rate=1e-3)
@@ -190,6 +194,7 @@ def test_grpo_trains_smollm2_with_lora(dtype):
     assert base.dtype == getattr(torch, dtype)
 
 
+@pytest.mark.slow
 def test_the_papermill_notebook_trains_smollm2(tmp_path):
     "`-p model smollm2`: the experiment notebook loads the real model, asks in words, trains and writes its files."
     import papermill as pm

@@ -1,4 +1,5 @@
-"Tests of rlnb.reward_models: batched scoring equals one-at-a-time, loading any sequence-classification model from a folder, hostile text, the cached tiny reward model."
+"""Tests of rlnb.reward_models: batched scoring equals one-at-a-time, loading any sequence-classification model from a
+folder, hostile text, the cached tiny reward model."""
 import math, random
 
 import pytest
@@ -6,10 +7,10 @@ import torch
 
 import rlnb.reward_models as rms
 from rlnb.core import Generation, GenerationConfig, Rollout
-from rlnb.reward_models import (PreferencePair, build_tiny_reward_model, compute_reward_model_score, create_rm_reward_fn,
-                                create_rm_rollout_fn, encode_for_scoring, load_reward_model, load_tiny_reward_model,
-                                make_preference_pairs, make_rollout_pairs, pairwise_accuracy, preference_loss,
-                                read_tiny_reward_summary, train_reward_model)
+from rlnb.reward_models import (PreferencePair, build_tiny_reward_model, compute_reward_model_score,
+                                create_rm_reward_fn, create_rm_rollout_fn, encode_for_scoring, load_reward_model,
+                                load_tiny_reward_model, make_preference_pairs, make_rollout_pairs, pairwise_accuracy,
+                                preference_loss, read_tiny_reward_summary, train_reward_model)
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import build_tokenizer, load_tiny_model
@@ -44,21 +45,25 @@ def test_hostile_completions_never_crash_and_cannot_inject_pad(untrained):
     model, tok = untrained
     scores = compute_reward_model_score(model, tok, [PROMPT.format("1+1=")] * len(HOSTILE), HOSTILE, batch_size=5)
     assert scores.shape == (len(HOSTILE),) and torch.isfinite(scores).all()
-    ids = encode_for_scoring(tok, [""] * 2, ["<|pad|>", "<|im_end|>"])  # completions only: the prompt may hold control tokens
-    assert ids == [tok.encode(t, add_special_tokens=False, split_special_tokens=True) for t in ("<|pad|>", "<|im_end|>")]
+    # completions only: the prompt may hold control tokens
+    ids = encode_for_scoring(tok, [""] * 2, ["<|pad|>", "<|im_end|>"])
+    assert ids == [tok.encode(t, add_special_tokens=False, split_special_tokens=True)
+                   for t in ("<|pad|>", "<|im_end|>")]
     assert len(ids[0]) == 7 and len(ids[1]) == 10 and tok.pad_token_id not in ids[0] and tok.eos_token_id not in ids[1]
-    assert compute_reward_model_score(model, tok, "", "") == compute_reward_model_score(model, tok, "", "")  # empty: a score
+    # empty: a score
+    assert compute_reward_model_score(model, tok, "", "") == compute_reward_model_score(model, tok, "", "")
 
 
 def test_any_sequence_classification_model_from_a_folder(tmp_path, untrained):
     "A GPT-2 (absolute positions, no pad id in its config) and the tiny Qwen2 RM both load and batch correctly."
     from transformers import GPT2Config, GPT2ForSequenceClassification
     tok = build_tokenizer()
-    gpt2 = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2, n_head=2,
-                                                    num_labels=1))
+    gpt2 = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=2,
+                                                    n_head=2, num_labels=1))
     gpt2.save_pretrained(tmp_path / "gpt2"); tok.save_pretrained(tmp_path / "gpt2")
     model, tok2 = load_reward_model(tmp_path / "gpt2")
-    assert model.config.num_labels == 1 and model.config.pad_token_id == tok2.pad_token_id and tok2.padding_side == "right"
+    assert (model.config.num_labels == 1 and model.config.pad_token_id == tok2.pad_token_id
+            and tok2.padding_side == "right")
     prompts, completions = [PROMPT.format("1+2="), "x"], ["3 and more", ""]
     batched = compute_reward_model_score(model, tok2, prompts, completions)
     alone = torch.tensor([compute_reward_model_score(model, tok2, p, c) for p, c in zip(prompts, completions)])
@@ -76,13 +81,16 @@ def test_bad_inputs_name_the_argument(untrained):
     with pytest.raises(TypeError, match="`path_or_name`"): load_reward_model(None)
     with pytest.raises(ValueError, match="`completions`"): compute_reward_model_score(model, tok, ["a", "b"], ["c"])
     with pytest.raises(TypeError, match="`prompts`"): compute_reward_model_score(model, tok, "a", ["c"])
-    with pytest.raises(TypeError, match=r"`completions`\[1\]"): compute_reward_model_score(model, tok, ["a", "b"], ["c", 3])
-    with pytest.raises(ValueError, match="`batch_size`"): compute_reward_model_score(model, tok, ["a"], ["c"], batch_size=0)
+    with pytest.raises(TypeError, match=r"`completions`\[1\]"):
+        compute_reward_model_score(model, tok, ["a", "b"], ["c", 3])
+    with pytest.raises(ValueError, match="`batch_size`"):
+        compute_reward_model_score(model, tok, ["a"], ["c"], batch_size=0)
     with pytest.raises(TypeError, match="`scorer`"): compute_reward_model_score(model, tok, ["a"], ["c"], scorer=5)
     with pytest.raises(ValueError, match="NaN"):
         compute_reward_model_score(model, tok, ["a"], ["c"], scorer=lambda *a: torch.tensor([math.nan]))
     with pytest.raises(TypeError, match="`rollout`"): create_rm_reward_fn(model, tok)("1+1=")
-    with pytest.raises(ValueError, match="`steps`"): train_reward_model(model, tok, [PreferencePair("a", "b", "c")], steps=0)
+    with pytest.raises(ValueError, match="`steps`"):
+        train_reward_model(model, tok, [PreferencePair("a", "b", "c")], steps=0)
     with pytest.raises(ValueError, match="`n`"): make_preference_pairs("addition", -1)
     with pytest.raises(ValueError, match="recipe"): load_tiny_reward_model(stepz=3)
     with pytest.raises(ValueError, match="`rejected_scores`"): preference_loss(torch.zeros(3), torch.zeros(2))
@@ -93,7 +101,8 @@ def test_preference_loss_and_pairs():
     expected = (math.log1p(math.exp(-1.5)) + math.log1p(math.exp(1.0))) / 2  # -log sigmoid(x) = log(1 + e^-x)
     assert abs(preference_loss(c, r).item() - expected) < 1e-6
     rng = random.Random(0)
-    answers = ["-35", "0", "7", "146", "abc"] * 40  # negatives too; a draw may equal the answer ("7" reversed): pairs redraw
+    # negatives too; a draw may equal the answer ("7" reversed): pairs redraw
+    answers = ["-35", "0", "7", "146", "abc"] * 40
     assert sum(rms.corrupt_answer(a, rng) != a for a in answers) > 0.8 * len(answers)
     pairs = make_preference_pairs("addition", 200, build_tokenizer(), seed=1)
     assert all(TASK.check(p.chosen, p.chosen) and not TASK.check(p.rejected, p.chosen) for p in pairs)
@@ -103,22 +112,26 @@ def test_preference_loss_and_pairs():
 def test_reward_fn_matches_batched_scoring_and_rollout_fn(untrained):
     model, tok = untrained
     policy, ptok = load_tiny_model("addition", progress=False)
-    batch = create_batch_rollouts(policy, ptok, TASK.sample(3, seed=2), GenerationConfig(max_new_tokens=6, num_return_sequences=4))
+    batch = create_batch_rollouts(policy, ptok, TASK.sample(3, seed=2),
+                                  GenerationConfig(max_new_tokens=6, num_return_sequences=4))
     reward_fn = create_rm_reward_fn(model, tok)
     one = torch.tensor([reward_fn(r) for r in batch.rollouts])
-    direct = compute_reward_model_score(model, tok, [r.prompt for r in batch.rollouts], [r.generation.text for r in batch.rollouts])
+    direct = compute_reward_model_score(model, tok, [r.prompt for r in batch.rollouts],
+                                        [r.generation.text for r in batch.rollouts])
     torch.testing.assert_close(one, direct, atol=1e-4, rtol=1e-4)
     from rlnb.core import create_training_config
     seen = []
     rollout_fn = create_rm_rollout_fn(model, tok, on_batch=seen.append)
     scored = rollout_fn(policy, ptok, TASK.sample(3, seed=2), create_training_config(group_size=4, max_new_tokens=6))
     assert len(seen) == 1 and len(scored) == 12 and all(isinstance(r.rewards, float) for r in scored.rollouts)
-    again = compute_reward_model_score(model, tok, [r.prompt for r in scored.rollouts], [r.generation.text for r in scored.rollouts])
+    again = compute_reward_model_score(model, tok, [r.prompt for r in scored.rollouts],
+                                       [r.generation.text for r in scored.rollouts])
     torch.testing.assert_close(torch.tensor([r.rewards for r in scored.rollouts]), again, atol=1e-4, rtol=1e-4)
 
 
 def test_rollout_pairs_label_a_run_by_its_checker():
-    "Iterated RLHF's labeller: each distinct wrong sample once, rejected against the reference answer; right ones never."
+    """Iterated RLHF's labeller: each distinct wrong sample once, rejected against the reference answer; right ones
+    never."""
     policy, ptok = load_tiny_model("addition", progress=False)
     torch.manual_seed(0)
     gen = GenerationConfig(max_new_tokens=8, num_return_sequences=8)
@@ -157,14 +170,18 @@ def test_default_tiny_reward_model_ranks_held_out_pairs():
     assert acc > 0.75, acc
 
 
+@pytest.mark.slow
 def test_grpo_climbs_the_reward_model_score():
-    "40 GRPO iterations on the tiny RM: its mean score rises clearly (the true accuracy does not: reward hacking, see the notebook)."
+    """40 GRPO iterations on the tiny RM: its mean score rises clearly (the true accuracy does not: reward hacking, see
+    the notebook)."""
     from rlnb.quickstart import quick_start_training
     rm, rm_tok = load_reward_model("tiny")
     true_correct = []
     on_batch = lambda b: true_correct.append(sum(TASK.check(r.generation.text, r.answer) for r in b.rollouts) / len(b))
-    _, metrics = quick_start_training(num_iterations=40, learning_rate=3e-3, lr_schedule="constant", eval_every=0, seed=0,
-                                      progress=False, rollout_fn=create_rm_rollout_fn(rm, rm_tok, on_batch=on_batch))
+    _, metrics = quick_start_training(num_iterations=40, learning_rate=3e-3, lr_schedule="constant", eval_every=0,
+                                      seed=0, progress=False,
+                                      rollout_fn=create_rm_rollout_fn(rm, rm_tok, on_batch=on_batch))
     first, last = metrics["reward/mean"].head(5).mean(), metrics["reward/mean"].tail(5).mean()
-    print(f"RM score {first:.2f} -> {last:.2f}; true sampled accuracy {sum(true_correct[:5]) / 5:.2f} -> {sum(true_correct[-5:]) / 5:.2f}")
+    print(f"RM score {first:.2f} -> {last:.2f}; "
+          f"true sampled accuracy {sum(true_correct[:5]) / 5:.2f} -> {sum(true_correct[-5:]) / 5:.2f}")
     assert len(true_correct) == 40 and last > first + 0.5, (first, last)

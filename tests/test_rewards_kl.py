@@ -7,6 +7,7 @@ import torch
 import rlnb.kl as kl
 import rlnb.rewards as rw
 from rlnb.core import Generation, Rollout, collate
+from rlnb.models import apply_lora
 
 
 # ---------------------------------------------------------------- rewards
@@ -79,7 +80,7 @@ def test_lora_reference_is_adapter_disabled_and_copies_nothing():
     peft = pytest.importorskip("peft")
     base = _tiny_qwen2()
     base_copy = copy.deepcopy(base)
-    policy = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    policy = apply_lora(base, r=4, target_modules=["q_proj", "v_proj"])  # peft, without its deprecation warning
     n_tensors, ptrs = len(list(policy.parameters())), {p.data_ptr() for p in policy.parameters()}
     ref = kl.create_reference_model(policy)
     assert isinstance(ref, kl.AdapterDisabledRef) and ref.model is policy
@@ -92,7 +93,8 @@ def test_lora_reference_is_adapter_disabled_and_copies_nothing():
         base_lp = _logprobs(base_copy, cb.input_ids, cb.attention_mask, C)
         policy_lp = _logprobs(policy, cb.input_ids, cb.attention_mask, C)
     assert torch.allclose(ref_lp, base_lp, atol=1e-5)
-    default_lp = kl.get_reference_logprobs(ref, cb.input_ids, cb.attention_mask, C, micro_batch_size=1)  # rlnb.inference's scorer
+    # rlnb.inference's scorer
+    default_lp = kl.get_reference_logprobs(ref, cb.input_ids, cb.attention_mask, C, micro_batch_size=1)
     assert torch.allclose(default_lp, base_lp, atol=1e-5)
     assert (policy_lp - base_lp).abs().max() > 1e-2  # adapters are back on after the reference pass
     assert len(list(policy.parameters())) == n_tensors and {p.data_ptr() for p in policy.parameters()} == ptrs

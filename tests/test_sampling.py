@@ -4,8 +4,8 @@ import torch
 
 from rlnb.core import Batch, Generation, Rollout, create_training_config, set_seed
 from rlnb.rollouts import create_prompt_loader, create_rollout_fn
-from rlnb.sampling import (batch_groups, combine_filters, create_filtered_rollout_fn, create_prompt_source, diversity_filter,
-                           length_filter, min_reward_filter, nonzero_std_filter)
+from rlnb.sampling import (batch_groups, combine_filters, create_filtered_rollout_fn, create_prompt_source,
+                           diversity_filter, length_filter, min_reward_filter, nonzero_std_filter)
 from rlnb.tasks import get_task
 
 torch.set_num_threads(1)
@@ -13,14 +13,17 @@ CFG = create_training_config(group_size=3, eval_every=0)
 
 
 def rollout(reward=0.0, text="7", group=0, n_tokens=2, status="completed"):
-    return Rollout("3+4=", Generation(text), token_ids=list(range(n_tokens)), rewards=reward, group_index=group, status=status)
+    return Rollout("3+4=", Generation(text), token_ids=list(range(n_tokens)), rewards=reward, group_index=group,
+                   status=status)
 
 
 def fake_rollout_fn(model, tokenizer, prompts, config):
     "`config.group_size` rollouts per prompt: prompts named 'mixed...' get rewards 0, 1, 0, ...; others all 1."
     G = config.group_size
-    return Batch([Rollout(p, Generation(f"{p}/{j}"), token_ids=[1], rewards=float(j % 2) if p.startswith("mixed") else 1.0,
-                          group_index=i, metadata={"prompt_index": i}) for i, p in enumerate(prompts) for j in range(G)],
+    return Batch([Rollout(p, Generation(f"{p}/{j}"), token_ids=[1],
+                          rewards=float(j % 2) if p.startswith("mixed") else 1.0,
+                          group_index=i, metadata={"prompt_index": i})
+                  for i, p in enumerate(prompts) for j in range(G)],
                  {"group_size": G})
 
 
@@ -81,14 +84,15 @@ def test_exactly_the_requested_groups_when_enough_pass():
     assert [g[0].metadata["sampling_round"] for g in gs] == [0, 0, 1, 1, 1]
     assert [g[0].metadata["prompt_index"] for g in gs] == [0, 1, 2, 3, 4]
     m = b.batch_metadata
-    assert (m["sampling/groups_requested"], m["sampling/groups_generated"], m["sampling/groups_passed"], m["sampling/groups_kept"],
-            m["sampling/rounds"]) == (5, 8, 5, 5, 2)
+    assert (m["sampling/groups_requested"], m["sampling/groups_generated"], m["sampling/groups_passed"],
+            m["sampling/groups_kept"], m["sampling/rounds"]) == (5, 8, 5, 5, 2)
     assert m["sampling/kept_frac"] == pytest.approx(5 / 8) and m["sampling/pass_frac"] == pytest.approx(5 / 8)
     assert (m["num_prompts"], m["group_size"]) == (5, 3)
 
 
 def test_over_sampling_trims_the_surplus():
-    fn = create_filtered_rollout_fn(fake_rollout_fn, lambda g: True, over_sampling_factor=2.0, prompt_source=["mixed-a", "mixed-b"])
+    fn = create_filtered_rollout_fn(fake_rollout_fn, lambda g: True, over_sampling_factor=2.0,
+                                    prompt_source=["mixed-a", "mixed-b"])
     b = fn(None, None, ["solved-0", "mixed-0"], CFG)
     assert [g[0].prompt for g in groups_ok(b, 3)] == ["solved-0", "mixed-0"]  # own prompts first, extras trimmed
     assert (b.batch_metadata["sampling/groups_generated"], b.batch_metadata["sampling/groups_passed"]) == (4, 4)
@@ -106,9 +110,11 @@ def test_fewer_groups_after_max_rounds():
     b = fn(None, None, ["solved-0", "mixed-0", "solved-1"], CFG)
     assert calls == [["solved-0", "mixed-0", "solved-1"], ["solved-0", "mixed-0"]]
     assert [g[0].prompt for g in groups_ok(b, 3)] == ["mixed-0", "mixed-0"]
-    assert (b.batch_metadata["sampling/rounds"], b.batch_metadata["sampling/groups_kept"], b.batch_metadata["num_prompts"]) == (2, 2, 2)
+    assert (b.batch_metadata["sampling/rounds"], b.batch_metadata["sampling/groups_kept"],
+            b.batch_metadata["num_prompts"]) == (2, 2, 2)
     none = create_filtered_rollout_fn(fake_rollout_fn, lambda g: False, max_rounds=3)(None, None, ["mixed-0"], CFG)
-    assert len(none) == 0 and none.batch_metadata["sampling/groups_generated"] == 3 and none.batch_metadata["sampling/kept_frac"] == 0
+    assert (len(none) == 0 and none.batch_metadata["sampling/groups_generated"] == 3
+            and none.batch_metadata["sampling/kept_frac"] == 0)
 
 
 def test_deterministic_extra_prompts_for_the_same_iteration_and_seed():
@@ -137,7 +143,8 @@ def test_tiny_model_rounds_reproduce():
     for _ in range(2):
         set_seed(2)
         b = fn(model, tok, prompts, cfg)
-        out.append(([(r.prompt, r.generation.text, r.rewards, r.group_index) for r in b.rollouts], b.batch_metadata["sampling/groups_generated"]))
+        out.append(([(r.prompt, r.generation.text, r.rewards, r.group_index) for r in b.rollouts],
+                    b.batch_metadata["sampling/groups_generated"]))
     assert out[0] == out[1]
     gs = groups_ok(b, 4)
     assert len(gs) <= 6 and all(nonzero_std_filter(g) for g in gs)
@@ -146,9 +153,12 @@ def test_tiny_model_rounds_reproduce():
 def test_prompt_source_and_bad_arguments():
     src = create_prompt_source(["a", "b", "c"])
     assert sorted(src(3, 1)) == ["a", "b", "c"] and src(7, 1) == src(7, 1)
-    with pytest.raises(ValueError, match="over_sampling_factor"): create_filtered_rollout_fn(fake_rollout_fn, nonzero_std_filter, 0.9)
-    with pytest.raises(ValueError, match="max_rounds"): create_filtered_rollout_fn(fake_rollout_fn, nonzero_std_filter, max_rounds=0)
+    with pytest.raises(ValueError, match="over_sampling_factor"):
+        create_filtered_rollout_fn(fake_rollout_fn, nonzero_std_filter, 0.9)
+    with pytest.raises(ValueError, match="max_rounds"):
+        create_filtered_rollout_fn(fake_rollout_fn, nonzero_std_filter, max_rounds=0)
     with pytest.raises(ValueError, match="prompt_source` returned 1"):
-        create_filtered_rollout_fn(fake_rollout_fn, lambda g: False, prompt_source=lambda n, seed: ["x"])(None, None, ["p", "q"], CFG)
+        create_filtered_rollout_fn(fake_rollout_fn, lambda g: False,
+                                   prompt_source=lambda n, seed: ["x"])(None, None, ["p", "q"], CFG)
     with pytest.raises(TypeError, match="must return a Batch"):
         create_filtered_rollout_fn(lambda *a: [], nonzero_std_filter)(None, None, ["p"], CFG)

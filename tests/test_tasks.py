@@ -50,7 +50,8 @@ def test_extraction():
 
 @pytest.mark.parametrize("name,text,message", [
     ("bad.jsonl", '{"question": "q", "answer": "#### 1"}\n{not json\n', "bad.jsonl, line 2: not valid JSON"),
-    ("key.jsonl", '{"question": "q", "answer": "#### 1"}\n\n{"question": "q2"}\n', "key.jsonl, line 3: missing key 'answer'"),
+    ("key.jsonl", '{"question": "q", "answer": "#### 1"}\n\n{"question": "q2"}\n',
+     "key.jsonl, line 3: missing key 'answer'"),
     ("obj.jsonl", '"just a string"\n', "obj.jsonl, line 1: expected a JSON object"),
     ("nomark.jsonl", '{"question": "q", "answer": "7"}\n', "nomark.jsonl, line 1: answer_extractor found no answer"),
     ("empty.jsonl", "\n  \n", "has no examples"),

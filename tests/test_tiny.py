@@ -61,7 +61,8 @@ def test_load_tiny_model_cold_then_warm(tmp_path, monkeypatch):
     model, tok = load_tiny_model(**FAST)
     folder = tiny_cache_path(steps=FAST["steps"], sft_config=FAST["sft_config"])
     assert folder.parent == tmp_path and folder.is_dir()
-    assert {"config.json", "model.safetensors", "tokenizer.json", "sft_metrics.jsonl", SUMMARY_FILE} <= {p.name for p in folder.iterdir()}
+    assert ({"config.json", "model.safetensors", "tokenizer.json", "sft_metrics.jsonl", SUMMARY_FILE}
+            <= {p.name for p in folder.iterdir()})
     history = read_tiny_history(folder)
     assert history["loss/sft"].notna().sum() == FAST["steps"] and history["iteration"].max() == FAST["steps"]
     assert json.loads((folder / SUMMARY_FILE).read_text())["iterations"] == FAST["steps"]
@@ -102,11 +103,13 @@ def racing_train_into(*args, **kwargs):  # a file barrier: both processes have m
         time.sleep(0.05)
     return train_into(*args, **kwargs)
 tiny._train_into = racing_train_into
-model, tok = tiny.load_tiny_model(cache_dir=cache, steps=6, sft_config={"eval_size": 16, "eval_every": 0}, progress=False)
+model, tok = tiny.load_tiny_model(cache_dir=cache, steps=6, sft_config={"eval_size": 16, "eval_every": 0},
+                                  progress=False)
 print("OK", sum(float(p.sum()) for p in model.parameters()))
 """
 
 
+@pytest.mark.slow
 def test_concurrent_first_calls_in_processes_leave_a_valid_cache(tmp_path):
     "Two processes miss the cache at the same time and both train; one rename wins, the other loads the winner's."
     env = {**os.environ, "RLNB_NUM_THREADS": "1"}
@@ -116,9 +119,11 @@ def test_concurrent_first_calls_in_processes_leave_a_valid_cache(tmp_path):
     for p, (out, err) in zip(procs, outs): assert p.returncode == 0, err[-3000:]
     folder = tiny_cache_path(steps=FAST["steps"], cache_dir=tmp_path, sft_config=FAST["sft_config"])
     assert json.loads((folder / SUMMARY_FILE).read_text())["steps"] == FAST["steps"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folder.name, "ready0", "ready1"])  # no temporary folders left
+    # no temporary folders left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folder.name, "ready0", "ready1"])
     sums = [out.split("OK")[-1].strip() for out, _ in outs]
-    assert sums[0] == sums[1]  # both got the same weights (training is deterministic, and one of them loaded the other's)
+    # both got the same weights (training is deterministic, and one of them loaded the other's)
+    assert sums[0] == sums[1]
 
 
 def test_concurrent_first_calls_in_threads(tmp_path):
@@ -147,22 +152,26 @@ def test_cold_start_leaves_the_callers_random_state_alone(tmp_path):
 
 
 def test_registered_as_tiny_for_load_model(tmp_path):
-    "rlnb.models finds 'tiny' in its registries (rlnb.tiny registers it); custom_config holds load_tiny_model's arguments."
+    """rlnb.models finds 'tiny' in its registries (rlnb.tiny registers it); custom_config holds load_tiny_model's
+    arguments."""
     config = ModelConfig("tiny", custom_config={**FAST, "cache_dir": tmp_path})
     model, tok = load_model(config), load_tokenizer(config)
     ref, ref_tok = load_tiny_model(cache_dir=tmp_path, **FAST)
     for a, b in zip(model.parameters(), ref.parameters()): assert torch.equal(a, b)
     assert tok.encode("12+34=\n") == ref_tok.encode("12+34=\n") and tok.padding_side == "left"
-    assert [p.name for p in tmp_path.iterdir()] == [tiny_cache_path(cache_dir=tmp_path, steps=FAST["steps"], sft_config=FAST["sft_config"]).name]
+    assert [p.name for p in tmp_path.iterdir()] == [
+        tiny_cache_path(cache_dir=tmp_path, steps=FAST["steps"], sft_config=FAST["sft_config"]).name]
 
 
 def test_default_model_is_partially_competent():
     """The cached default model (trained on first use) answers some, not all, held-out sums.
-    SFT stops at the first evaluation (every 25 steps) with >= 30% held-out accuracy; measured for seed 0: 0.371 after 775 steps."""
+    SFT stops at the first evaluation (every 25 steps) with >= 30% held-out accuracy; measured for seed 0: 0.371 after
+    775 steps."""
     model, tok = load_tiny_model(progress=False)
     task = get_task("addition")
     summary = json.loads((tiny_cache_path() / SUMMARY_FILE).read_text())
-    held_out = task.sample(summary["sft_config"]["eval_size"], seed=summary["sft_config"]["eval_seed"])  # never used for training
+    # never used for training
+    held_out = task.sample(summary["sft_config"]["eval_size"], seed=summary["sft_config"]["eval_seed"])
     acc = evaluate_accuracy(model, tok, held_out, task.check)
     assert 0.3 <= acc <= 0.6, acc
     assert acc == pytest.approx(summary["accuracy"])

@@ -49,6 +49,7 @@ def test_stats_count_right_calls_and_copies():
     assert stats == {"tool_use/right_call": 0.5, "tool_use/copied_result": 0.5, "tool_use/no_call": 0.25}
 
 
+@pytest.mark.slow
 def test_short_rl_run_raises_the_reward(sft_model):
     "30 GRPO iterations (64 episodes each) from the SFT start: the held-out reward rises by a clear margin."
     model, tokenizer = sft_model

@@ -61,6 +61,7 @@ def test_dashboard_throttles_to_the_first_and_last_pictures():
     assert "iteration 20 of 20" in text and "0.75" in text
 
 
+@pytest.mark.slow
 def test_dashboard_keeps_drawing_within_its_time_budget():
     "With redraws allowed every call by time, the plots still take at most max_overhead of the wall time."
     dash = create_dashboard_logger(every_s=0, max_overhead=0.25, display=False)
@@ -94,6 +95,7 @@ def test_dashboard_refuses_bad_arguments():
     with pytest.raises(ValueError, match="every_s"): create_dashboard_logger(every_s=-1, display=False)
 
 
+@pytest.mark.slow
 def test_dashboard_in_a_real_run():
     dash = create_dashboard_logger(display=False)
     config = create_training_config(num_iterations=3, prompts_per_step=2, group_size=4, eval_every=3, eval_size=8)

@@ -1,7 +1,8 @@
 """Render nbs/index.ipynb to README.md (nbdev's own `nbdev-readme` needs the Quarto binary, which CI machines lack).
 
 Markdown cells are copied; code cells are shown as Python blocks unless they start with `#| hide`; cell directives
-(`#| ...`) are dropped and text outputs (stderr aside) are shown below their cell. `--check` exits 1 if README.md is out of date.
+(`#| ...`) are dropped and text outputs (stderr aside) are shown below their cell. `--check` exits 1 if README.md is
+out of date.
 """
 import json, sys
 from pathlib import Path

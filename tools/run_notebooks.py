@@ -19,9 +19,12 @@ def run(path: Path, timeout: int, skip_flagged: bool) -> float:
     if skip_flagged:
         for cell in nb.cells:
             if cell.cell_type == "code" and any(f in cell.source for f in FLAGS):
-                skipped.append(cell); cell.metadata["_skip_source"] = cell.source; cell.source = "# (skipped: flagged cell)"
+                skipped.append(cell)
+                cell.metadata["_skip_source"] = cell.source
+                cell.source = "# (skipped: flagged cell)"
     t0 = time.time()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,  # widget state: megabytes, no use on GitHub
+    # widget state: megabytes, no use on GitHub
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     for cell in skipped: cell.source = cell.metadata.pop("_skip_source"); cell.outputs = []
     nbformat.write(nb, path)
@@ -35,7 +38,9 @@ if __name__ == "__main__":
     ap.add_argument("--skip-flagged", action="store_true", help="do not run #| slow / gpu / notest cells")
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1"); os.environ.setdefault("RLNB_NUM_THREADS", "1")
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # plots saved inline, whatever the caller set
+    # plots saved inline, whatever the caller set
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     for p in a.notebooks:
         print(f"{p}: {run(p.resolve(), a.timeout, a.skip_flagged):.0f} s", flush=True)
-    for p in a.notebooks: subprocess.run([str(Path(sys.executable).parent / "nbdev-clean"), "--fname", str(p)], check=False)
+    for p in a.notebooks:
+        subprocess.run([str(Path(sys.executable).parent / "nbdev-clean"), "--fname", str(p)], check=False)
