@@ -55,16 +55,20 @@ def _damaged_file_error(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def quiet_progress_bars() -> Iterator[None]:
+def quiet_progress_bars(
+    errors_only: bool = False,  # also silence transformers' info and warning logs (a conversion's chatter)
+) -> Iterator[None]:
     "Transformers' progress bars off while the block runs, then as they were (a no-op without transformers)."
     try: from transformers.utils import logging as hf_logging
     except ImportError:
         yield
         return
-    was_on = hf_logging.is_progress_bar_enabled()
+    was_on, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
+    if errors_only: hf_logging.set_verbosity_error()
     try: yield
     finally:
+        hf_logging.set_verbosity(level)
         if was_on: hf_logging.enable_progress_bar()
 
 

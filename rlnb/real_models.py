@@ -9,12 +9,11 @@ Docs: https://rlnb.github.io/rlnb/real_models.html.md"""
 from __future__ import annotations
 import hashlib, importlib.util, json
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from .cache import build_atomically, default_cache_dir, load_from_folder
+from .cache import build_atomically, default_cache_dir, load_from_folder, quiet_progress_bars
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 
 # %% auto #0
@@ -76,17 +75,6 @@ def _forget_quantization(model) -> None:
     model.hf_quantizer, model.is_quantized, model.quantization_method = None, False, None
 
 
-@contextmanager
-def _quiet_transformers():
-    "No progress bars or info logs from transformers inside the block."
-    from transformers.utils import logging
-    bars, level = logging.is_progress_bar_enabled(), logging.get_verbosity()
-    logging.disable_progress_bar(); logging.set_verbosity_error()
-    try: yield
-    finally:
-        logging.set_verbosity(level)
-        if bars: logging.enable_progress_bar()
-
 # %% ../nbs/14_real_models.ipynb #d9781241
 def dequantize_gguf(
     path: str | Path,  # a .gguf file
@@ -97,14 +85,14 @@ def dequantize_gguf(
     info = inspect_gguf(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     try:
-        with _quiet_transformers():
+        with quiet_progress_bars(errors_only=True):
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as e:
         raise ValueError(f"load_gguf: transformers could not load {path} ({type(e).__name__}: {e})") from e
     _forget_quantization(model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _quiet_transformers(): model.save_pretrained(out_dir); tokenizer.save_pretrained(out_dir)
+    with quiet_progress_bars(errors_only=True): model.save_pretrained(out_dir); tokenizer.save_pretrained(out_dir)
     source = dict(info, source=str(path), size=path.stat().st_size)
     (out_dir / GGUF_SOURCE_FILE).write_text(json.dumps(source, indent=1))  # last: marks the folder complete
     return out_dir
@@ -134,7 +122,7 @@ def load_gguf(
 # %% ../nbs/14_real_models.ipynb #8e223b16
 def _folder_model(folder: Path):
     from transformers import AutoModelForCausalLM
-    with _quiet_transformers():
+    with quiet_progress_bars(errors_only=True):
         return load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), folder)
 
 

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from .cache import build_atomically
+from .cache import build_atomically, quiet_progress_bars
 from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
 from .models import prepare_tokenizer, _auto_tokenizer
@@ -398,7 +398,9 @@ def _train_tiny_rm(tmp: Path, task, seed: int, recipe: dict, progress: bool) -> 
         print(f"tiny reward model: {recipe['steps']} steps in {summary['seconds']} s, "
               f"held-out pairwise accuracy {summary['eval_accuracy']:.3f} "
               f"(near-misses), {summary['policy_pairs_accuracy']:.3f} (policy samples)")
-    model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+    with quiet_progress_bars():  # a bar for a small local write is noise
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     (tmp / "reward_metrics.json").write_text(json.dumps(rows))
     (tmp / RM_SUMMARY_FILE).write_text(json.dumps(summary, indent=1))  # last: marks the folder complete
 

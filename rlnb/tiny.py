@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .cache import build_atomically, default_cache_dir, load_from_folder
+from .cache import build_atomically, default_cache_dir, load_from_folder, quiet_progress_bars
 from .core import ModelConfig
 from .training import default_num_threads
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
@@ -240,8 +240,9 @@ def _train_into(tmp: Path, task, steps, seed, model_config, sft_config, progress
     metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
                              logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
     seconds = time.perf_counter() - t0
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    with quiet_progress_bars():  # a bar for a 2 MB local write is noise
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
     summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
                    model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),

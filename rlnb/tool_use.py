@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .cache import build_atomically, load_from_folder
+from .cache import build_atomically, load_from_folder, quiet_progress_bars
 from .core import Batch, Conversation, GenerationConfig, Message, TrainingConfig, create_training_config
 from .tasks import Task, TaskExample, check_number, make_task
 from .tools import calculator
@@ -189,7 +189,7 @@ def load_tool_use_model(
         model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
         metrics = sft_tool_use_model(model, tokenizer, seed=seed, progress=progress)
         probes = metrics["eval/reward"].dropna() if "eval/reward" in metrics else []
-        model.save_pretrained(folder)
+        with quiet_progress_bars(): model.save_pretrained(folder)  # a bar for a small local write is noise
         last = float(probes.iloc[-1]) if len(probes) else None
         summary = dict(steps=int(metrics["iteration"].max()), probe_reward=last)
         (folder / "sft_summary.json").write_text(json.dumps(summary))
