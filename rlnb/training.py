@@ -331,6 +331,15 @@ def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: i
     return out
 
 
+def _check_completions(batch: Batch, source: str) -> Batch:
+    "A batch from `source` whose rollouts each have completion tokens: an empty one has nothing to train on."
+    empty = [k for k, r in enumerate(batch.rollouts) if r.token_ids is not None and len(r.token_ids) == 0]
+    if empty:
+        raise ValueError(f"training_iteration: `{source}` returned {len(empty)} rollout(s) without completion tokens "
+                         f"(rollout {empty[0]} first); each needs the tokens it is trained on")
+    return batch
+
+
 def training_iteration(
     state: TrainingState,  # the run so far
     prompts: Sequence,  # this iteration's prompts: strings, TaskExamples or Conversations
@@ -351,12 +360,13 @@ def training_iteration(
     if not isinstance(batch, Batch):
         raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
     t_rollout = time.perf_counter() - t0
+    _check_completions(batch, "rollout_fn")
     if iteration_hook is not None:
         out = iteration_hook(state, batch)
         if out is not None and not isinstance(out, Batch):
             raise TypeError(f"training_iteration: `iteration_hook` returned a {type(out).__name__}; "
                             "expected None or a Batch")
-        if out is not None: batch = out
+        if out is not None: batch = _check_completions(out, "iteration_hook")
     if len(batch) == 0:  # e.g. a filter dropped every group: nothing to learn from this time
         lr = state.optimizer.param_groups[0]["lr"]
         new_state, stats = state, TrainingStats(0.0, 0.0, lr, 0.0, 0.0, 0.0, {"skipped": 1.0})
@@ -522,12 +532,28 @@ def _checked_generations(out, max_new_tokens: int, fn: str = "train") -> list:
     return out
 
 
+def _warn_text_mismatch(out: list, tokenizer, fn: str = "train") -> bool:
+    "Warn if a Generation's text is not what its token ids decode to (rewards read the text, gradients the tokens)."
+    rows = [g for g in out if isinstance(g, Generation) and g.token_ids is not None and isinstance(g.text, str)]
+    decoded = tokenizer.batch_decode([list(g.token_ids) for g in rows], skip_special_tokens=True)
+    bad = next((k for k, (g, d) in enumerate(zip(rows, decoded)) if g.text.strip() != d.strip()), None)
+    if bad is not None:
+        warnings.warn(f"{fn}: `generator` returned a Generation whose text {reprlib.repr(rows[bad].text)} is not what "
+                      f"its token ids decode to ({reprlib.repr(decoded[bad])}); the reward reads the text and the "
+                      "gradient goes to the tokens, so they should match (said once)", stacklevel=3)
+    return bad is not None
+
+
 def _checked_generator(generator: Callable | None, fn: str = "train") -> Callable | None:
-    "`generator` with its result checked by `_checked_generations`."
+    "`generator` with its result checked by `_checked_generations`, and its text against its tokens (warned once)."
     if generator is None: return None
+    warned = False
     @functools.wraps(generator)
     def checked(model, tokenizer, prompts, config):
-        return _checked_generations(generator(model, tokenizer, prompts, config), config.max_new_tokens, fn)
+        nonlocal warned
+        out = _checked_generations(generator(model, tokenizer, prompts, config), config.max_new_tokens, fn)
+        if not warned: warned = _warn_text_mismatch(out, tokenizer, fn)
+        return out
     return checked
 
 

@@ -88,6 +88,9 @@ case("result/generator empty token ids", ValueError, ["`generator` returned a Ge
 case("result/generator past max_new_tokens", ValueError,
      ["`generator` returned 500 token ids for result 0, more than max_new_tokens=2"],
      lambda t: run(generator=lambda m, tk, p, c: [Generation("1", token_ids=[5] * 500)] * n_gens(p, c)))
+case("result/iteration_hook rollouts without tokens", ValueError,
+     ["`iteration_hook` returned 4 rollout(s) without completion tokens"],
+     lambda t: run(iteration_hook=lambda s, b: Batch([r._replace(token_ids=[]) for r in b.rollouts])))
 case("result/ref_model_update_fn str", TypeError,
      ["`ref_model_update_fn` returned 'x' (a str)", "expected the reference model", "or None"],
      lambda t: run(config=small(beta=0.1), ref_model_update_fn=lambda ref, pol, step: "x"))
@@ -249,3 +252,13 @@ def test_dynamic_sampling_dropping_every_group_is_said():
 def test_a_run_that_trains_says_nothing():
     _, said = _user_warnings(lambda: run(config=small(num_iterations=2)))
     assert not said, said
+
+
+def test_a_generator_whose_text_is_not_its_tokens_is_warned_about_once():
+    tokenizer = tiny.load_tiny_model(progress=False)[1]
+    nine = tokenizer.convert_tokens_to_ids("9")
+    def generator(model, tok, prompts, config):  # says "2", samples "9"
+        return [Generation("2", token_ids=[nine])] * (len(prompts) * config.num_return_sequences)
+    with pytest.warns(UserWarning, match="text '2' is not what its token ids decode to") as caught:
+        run(config=small(num_iterations=2), generator=generator)
+    assert sum("decode to" in str(w.message) for w in caught) == 1

@@ -68,7 +68,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
         return (loss * float("nan"), metrics) if poisoned.calls == 3 else (loss, metrics)
     poisoned.calls = 0
     def count(state, batch): poisoned.calls += 1
-    cfg = create_training_config(**{**RUN, "eval_every": 0}, output_dir=str(tmp_path))
+    no_eval = {k: v for k, v in RUN.items() if k != "eval_size"}  # eval_size without evaluations would be warned about
+    cfg = create_training_config(**{**no_eval, "eval_every": 0}, output_dir=str(tmp_path))
     with pytest.raises(FloatingPointError, match="loss is nan at iteration 2"):
         train(cfg, loss_fn=poisoned, iteration_hook=count, progress=False)
     assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["iteration"] == 2
