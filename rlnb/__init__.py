@@ -55,3 +55,8 @@ from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
 from .environments import *  # text, self-verification and conversation environments, simulated users
 from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics
+
+# `help(rlnb.Rollout)` shows each field's comment instead of "Alias for field number 0"
+core.document_fields(*(v for v in dict(globals()).values()
+                       if isinstance(v, type) and issubclass(v, tuple) and hasattr(v, "_fields")
+                       and getattr(v, "__module__", "").startswith("rlnb.")))

@@ -15,10 +15,10 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
-           'TrainingStats', 'TrainingState', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads',
-           'CollatedBatch', 'collate', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl',
-           'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats',
-           'group_stats']
+           'document_fields', 'TrainingStats', 'TrainingState', 'create_training_config', 'warn_unsaved_checkpoints',
+           'env_num_threads', 'CollatedBatch', 'collate', 'set_seed', 'to_jsonable', 'from_jsonable',
+           'rollouts_to_jsonl', 'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id',
+           'is_peft_model', 'GroupStats', 'group_stats']
 
 # %% ../nbs/10_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -159,16 +159,21 @@ class TrainingConfig(NamedTuple):
     num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
 
 # %% ../nbs/10_core.ipynb #b1e540ee
-def _document_fields(*records) -> None:
-    "Give each NamedTuple field its trailing comment as `__doc__`, so `help()` shows what `show_doc` shows."
+def document_fields(*records) -> None:
+    "Give each NamedTuple field its comment (beside it, or on the line above) as `__doc__`, for `help()`."
     for cls in records:
         try: source = inspect.getsource(cls)
         except (OSError, TypeError): continue  # no source file exists (a notebook kernel): nothing to copy
+        above = None  # a comment line waiting for the field below it
         for line in source.splitlines():
-            m = re.match(r"\s+(\w+):[^#]*#\s*(.+)$", line)
-            if m and m.group(1) in cls._fields: getattr(cls, m.group(1)).__doc__ = m.group(2).strip()
+            if m := re.match(r"\s+#\s*(.+)$", line): above = m.group(1).strip(); continue
+            m = re.match(r"\s+(\w+)\s*:[^#]*(?:#\s*(.+))?$", line)
+            if m and m.group(1) in getattr(cls, "_fields", ()):
+                doc = m.group(2) or above
+                if doc: getattr(cls, m.group(1)).__doc__ = doc.strip()
+            above = None
 
-_document_fields(ModelConfig, GenerationConfig, TrainingConfig)
+document_fields(ModelConfig, GenerationConfig, TrainingConfig)
 
 # %% ../nbs/10_core.ipynb #0a12b30b
 class TrainingStats(NamedTuple):

@@ -100,3 +100,12 @@ def test_names_live_where_the_map_says():
     wrong = [f"{m}.{n}" for m, names in PUBLIC.items() for n in names.split()
              if not hasattr(importlib.import_module(f"rlnb.{m}"), n)]
     assert not wrong, f"not defined in the module the map names: {wrong}"
+
+
+def test_help_shows_what_each_record_field_is():
+    import pydoc
+    import rlnb
+    for record in (rlnb.Rollout, rlnb.Generation, rlnb.TrainingState, rlnb.RunResult, rlnb.TaskExample):
+        text = pydoc.render_doc(record)
+        assert "Alias for field number" not in text, record.__name__
+    assert rlnb.Rollout.prompt.__doc__ == "prompt text as shown to the model (after the chat template)"

@@ -4,10 +4,18 @@ Markdown cells are copied; code cells are shown as Python blocks unless they sta
 (`#| ...`) are dropped and text outputs (stderr aside) are shown below their cell. `--check` exits 1 if README.md is
 out of date.
 """
-import json, sys
+import json, re, sys
 from pathlib import Path
 
 root = Path(__file__).resolve().parent.parent
+# links and images in index.ipynb are relative to nbs/ (so they work in JupyterLab and the docs); README.md sits one up
+_RELATIVE_LINK = re.compile(r"(\]\()(?!https?:|/|#|nbs/)([^)\s]+\))")
+
+
+def from_root(markdown: str) -> str:
+    "Relative link targets of a markdown cell in nbs/, rewritten for README.md in the repository root."
+    return _RELATIVE_LINK.sub(lambda m: m.group(1) + "nbs/" + m.group(2), markdown)
+
 
 def render(nb_path=root/"nbs"/"index.ipynb") -> str:
     parts = []
@@ -17,7 +25,7 @@ def render(nb_path=root/"nbs"/"index.ipynb") -> str:
         directives = [l[2:].strip() for l in lines if l.startswith("#|")]
         body = "\n".join(l for l in lines if not l.startswith("#|")).strip()
         if any(d.split()[0] in ("hide", "exporti", "export") for d in directives if d) or not body: continue
-        if cell["cell_type"] == "markdown": parts.append(body)
+        if cell["cell_type"] == "markdown": parts.append(from_root(body))
         elif cell["cell_type"] == "code":
             parts.append(f"```python\n{body}\n```")
             for out in cell.get("outputs", []):
