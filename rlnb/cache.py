@@ -15,8 +15,8 @@ try: import fcntl  # POSIX file locks
 except ImportError: fcntl = None  # Windows: folder_lock only records its holder
 
 # %% auto #0
-__all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'quiet_progress_bars', 'load_from_folder', 'FolderInUseError',
-           'lock_holder', 'folder_lock', 'die_with_parent']
+__all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'write_atomically', 'quiet_progress_bars', 'load_from_folder',
+           'FolderInUseError', 'lock_holder', 'folder_lock', 'die_with_parent']
 
 # %% ../nbs/11_cache.ipynb #8bc44f7e
 def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -41,6 +41,21 @@ def build_atomically(
             if not complete(path): raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+# %% ../nbs/11_cache.ipynb #1601fb8b
+def write_atomically(
+    path: str | os.PathLike,  # the file to (re)write
+    data: str | bytes,  # its whole new content (str: written as UTF-8)
+) -> Path:
+    "Write `data` under a temporary name beside `path`, flush it, then rename it over `path`: never half a file."
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
     return path
 
 # %% ../nbs/11_cache.ipynb #281b2e9e

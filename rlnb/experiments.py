@@ -13,7 +13,7 @@ from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from .cache import LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, lock_holder
+from .cache import LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, lock_holder, write_atomically
 from .core import _MAXIMA, create_training_config
 from .loggers import _LABELS, load_metrics
 
@@ -43,12 +43,8 @@ MAX_KEPT_ATTEMPTS = 3  # the newest failed attempts kept per run (older ones are
 
 
 def _write_json_atomic(path: Path, obj) -> None:
-    "Write `obj` as JSON to a temporary file, fsync it, then rename it over `path`: never half a file."
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-        f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
+    "Write `obj` as JSON, atomically (`write_atomically`): never half a file."
+    write_atomically(path, json.dumps(obj, indent=2, default=str))
 
 
 def _read_json(path: Path) -> dict | None:

@@ -10,6 +10,7 @@ import json, math, os, time, warnings
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from .cache import write_atomically
 from .core import TrainingState, TrainingStats
 
 # %% auto #0
@@ -131,11 +132,7 @@ def drop_metrics_after(
     if tail.strip() and not torn: lines.append(tail)  # a whole record, only missing its newline
     keep = [line for line in lines if not _logged_after(_parse_line(line), iteration)]
     if len(keep) == len(lines) and not torn: return 0  # nothing to drop: the file stays as it is
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(b"".join(line + b"\n" for line in keep))
-        f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, b"".join(line + b"\n" for line in keep))
     return len(lines) - len(keep) + torn
 
 # %% ../nbs/40_loggers.ipynb #8e754590
