@@ -613,6 +613,106 @@ def _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn:
         raise TypeError(f"{fn}: `progress` must be True or False, got {progress!r}")
 
 
+def _checked_hooks(hooks: dict, logger, algorithm_config, fn: str) -> list:
+    "Every hook a function of the documented signature; returns the loggers as a list."
+    for name, hook in hooks.items():
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{fn}: `{name}` must be a function, got {type(hook).__name__}")
+    loggers = [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    if not all(callable(l) for l in loggers):
+        raise TypeError(f"{fn}: `logger` must be a function (state, stats) -> None or a list of them")
+    _check_hook_signatures([*hooks.items(), *(("logger", l) for l in loggers),
+                            ("algorithm_config", algorithm_config if callable(algorithm_config) else None)], fn)
+    return loggers
+
+
+def _check_combination(hooks: dict, model, tokenizer, initial_state, prompts, system_prompt, fn: str) -> None:
+    "Arguments that exclude or need each other."
+    if initial_state is not None and model is not None:
+        raise ValueError(f"{fn}: pass `model` or `initial_state`, not both")
+    if (initial_state is not None or model is not None) and tokenizer is None:
+        raise ValueError(f"{fn}: `tokenizer` is required with `model` or `initial_state`")
+    bound = [hooks[k] for k in ("reward_fn", "generator", "template_fn", "tool_parser")] + [system_prompt]
+    if hooks["rollout_fn"] is not None and any(h is not None for h in bound):
+        raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, "
+                         "tool_parser, system_prompt), not both")
+    if prompts is not None and hooks["prompt_loader"] is not None:
+        raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
+
+# %% ../nbs/42_training.ipynb #62611f00
+def _algorithm(config: TrainingConfig, algorithm_config, loss_fn, fn: str) -> tuple:
+    "(the algorithm config or schedule, its first config, its registry spec or None), checked against the config."
+    beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
+    algo = (algorithm_config if algorithm_config is not None
+            else create_algorithm_config(config.algorithm, config.algorithm_options, **beta))
+    first = _first_algorithm(algo, loss_fn is None, fn)
+    spec = ALGORITHMS.get(first["name"])
+    if spec is not None and spec.group_relative and config.group_size < 2:
+        raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is "
+                         "compared with the others sampled for its prompt, so a group of one has advantage 0 and "
+                         "nothing trains; use group_size >= 2")
+    if (spec is not None and spec.whole_groups and config.micro_batch_size
+            and config.micro_batch_size % config.group_size):
+        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s "
+                         "groups; use a multiple of group_size or None")
+    return algo, first, spec
+
+
+def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metrics_path: Path, prompts,
+             fn: str) -> TrainingState:
+    "`state` with the checkpoint's weights, optimizer, step and prompt position; metric rows logged after it dropped."
+    saved = checkpoint_metadata(ckpt_path)
+    _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
+    if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
+    loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
+    state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
+    if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
+        if "data_buffer" not in state.metadata:
+            raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
+        prompts.load_state_dict(state.metadata["data_buffer"])
+    dropped = drop_metrics_after(metrics_path, state.iteration)
+    print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
+          + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
+    return state
+
+
+def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
+                      fn: str) -> Callable:
+    "The rollout function: the given one, or the default bound to the hooks; with the overlong penalty and dynamic "
+    "sampling when the algorithm or the config asks for them."
+    rollout_fn = hooks["rollout_fn"]
+    run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
+    if rollout_fn is None:
+        reward = hooks["reward_fn"] or task.reward_fn
+        if run["overlong_buffer"]:
+            reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"],
+                                          run["overlong_penalty"])
+        system = system_prompt if system_prompt is not None or task is None else task.system_prompt
+        generate, template = _checked_generator(hooks["generator"], fn), _checked_template_fn(hooks["template_fn"], fn)
+        rollout_fn = create_rollout_fn(reward, generate, template, hooks["tool_parser"], system)
+    elif run["overlong_buffer"]:
+        raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
+                         "set overlong_buffer=0")
+    if run["dynamic_sampling"]:
+        rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"],
+                                                run["max_sampling_rounds"], prompt_source=prompt_source)
+    return rollout_fn
+
+
+def _wired_outputs(config: TrainingConfig, loggers: list, checkpoint_fn, metrics_path, ckpt_path, buffer,
+                   progress: bool) -> tuple[list, Callable | None]:
+    "(loggers, checkpoint_fn) with the run's own: the JSONL metrics, progress lines, checkpoints (and the buffer's "
+    "position in them)."
+    loggers = list(loggers)
+    if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
+    if progress: loggers.append(create_progress_logger(config.num_iterations))
+    if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
+    if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
+        def checkpoint_fn(s, save=checkpoint_fn):
+            return save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
+    return loggers, checkpoint_fn
+
+# %% ../nbs/42_training.ipynb #bf221e60
 def train(
     config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
     model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
@@ -649,14 +749,7 @@ def train(
                  template_fn=template_fn, tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform,
                  kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn, optimizer_step_fn=optimizer_step_fn,
                  eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
-    for name, hook in hooks.items():
-        if hook is not None and not callable(hook):
-            raise TypeError(f"{fn}: `{name}` must be a function, got {type(hook).__name__}")
-    loggers = [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger]
-    if not all(callable(l) for l in loggers):
-        raise TypeError(f"{fn}: `logger` must be a function (state, stats) -> None or a list of them")
-    _check_hook_signatures([*hooks.items(), *(("logger", l) for l in loggers),
-                            ("algorithm_config", algorithm_config if callable(algorithm_config) else None)], fn)
+    loggers = _checked_hooks(hooks, logger, algorithm_config, fn)
     given = dict(initial_state=initial_state is not None, model=model is not None,
                  prompt_loader=prompt_loader is not None, prompts=prompts is not None,
                  reward_fn=reward_fn is not None or rollout_fn is not None, eval_fn=eval_fn is not None,
@@ -664,32 +757,11 @@ def train(
     _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn)
     _check_unused(config, given, fn)
     warn_unsaved_checkpoints(config, checkpoint_fn, fn)
-    if initial_state is not None and model is not None:
-        raise ValueError(f"{fn}: pass `model` or `initial_state`, not both")
-    if (initial_state is not None or model is not None) and tokenizer is None:
-        raise ValueError(f"{fn}: `tokenizer` is required with `model` or `initial_state`")
-    if (rollout_fn is not None
-            and any(h is not None for h in (reward_fn, generator, template_fn, tool_parser, system_prompt))):
-        raise ValueError(f"{fn}: pass `rollout_fn`, or the hooks it binds (reward_fn, generator, template_fn, "
-                         "tool_parser, system_prompt), not both")
-    if prompts is not None and prompt_loader is not None:
-        raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
+    _check_combination(hooks, model, tokenizer, initial_state, prompts, system_prompt, fn)
     own_prompts = prompts is not None or prompt_loader is not None
     own_task = not (own_prompts and given["reward_fn"] and given["eval_fn"])
     task = task_for_policy(config.task, config.model, config.task_format) if own_task else None
-    beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
-    algo = (algorithm_config if algorithm_config is not None
-            else create_algorithm_config(config.algorithm, config.algorithm_options, **beta))
-    first = _first_algorithm(algo, loss_fn is None, fn)
-    spec = ALGORITHMS.get(first["name"])
-    if spec is not None and spec.group_relative and config.group_size < 2:
-        raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is "
-                         "compared with the others sampled for its prompt, so a group of one has advantage 0 and "
-                         "nothing trains; use group_size >= 2")
-    if (spec is not None and spec.whole_groups and config.micro_batch_size
-            and config.micro_batch_size % config.group_size):
-        raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s "
-                         "groups; use a multiple of group_size or None")
+    algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
 
@@ -701,50 +773,19 @@ def train(
         state = initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config})
         threads = torch.get_num_threads()
         torch.set_num_threads(default_num_threads(state.model, config.num_threads))
-        if config.resume:
-            saved = checkpoint_metadata(ckpt_path)
-            _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
-            if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
-            loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler,
-                                     value_head=state.value_head)
-            state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
-            if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
-                if "data_buffer" not in state.metadata:
-                    raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
-                prompts.load_state_dict(state.metadata["data_buffer"])
-            dropped = drop_metrics_after(metrics_path, state.iteration)
-            print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
-                  + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
+        if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
         _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
         buffer = prompts if isinstance(prompts, DataBuffer) else None
         if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
         elif prompt_loader is None:
-            source = task if prompts is None else prompts
-            prompt_loader = create_prompt_loader(source, config.prompts_per_step, config.seed)
-        run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
-        if rollout_fn is None:
-            reward = reward_fn or task.reward_fn
-            if run["overlong_buffer"]:
-                buffer_length, penalty = run["overlong_buffer"], run["overlong_penalty"]
-                reward = add_overlong_penalty(reward, config.max_new_tokens, buffer_length, penalty)
-            system = system_prompt if system_prompt is not None or task is None else task.system_prompt
-            generate, template = _checked_generator(generator, fn), _checked_template_fn(template_fn, fn)
-            rollout_fn = create_rollout_fn(reward, generate, template, tool_parser, system)
-        elif run["overlong_buffer"]:
-            raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
-                             "set overlong_buffer=0")
-        if run["dynamic_sampling"]:
-            source = (lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task
-            rollout_fn = create_filtered_rollout_fn(rollout_fn, nonzero_std_filter, run["over_sampling_factor"],
-                                                    run["max_sampling_rounds"], prompt_source=source)
+            prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step,
+                                                 config.seed)
+        source = (lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task  # refills
+        rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn)
         if eval_fn is None and config.eval_every and not own_prompts:
             eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
-        if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
-        if progress: loggers.append(create_progress_logger(config.num_iterations))
-        if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
-        if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
-            def checkpoint_fn(s, save=checkpoint_fn):
-                return save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
+        loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
+                                                progress)
         try: return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
                           ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
                           stop_fn)
