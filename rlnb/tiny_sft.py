@@ -49,7 +49,7 @@ def sft_tiny_model(
     stop_at_accuracy: float | None = None,
     seed: int = 0,  # seeds the training examples and their order
     system_prompt: str | None = None,  # None = the task's (none for the tiny tasks)
-    num_threads: int | None = None,  # torch CPU threads (None = rlnb.core.default_num_threads)
+    num_threads: int | None = None,  # torch CPU threads (None = rlnb.training.default_num_threads)
     logger=None,  # extra (state, stats) -> None loggers, e.g. rlnb.loggers.create_jsonl_logger(path)
     progress: bool = True,  # text progress lines
 ):  # the metrics DataFrame of the run (loss/sft per step, eval/accuracy at evaluations)
