@@ -1,5 +1,5 @@
-"The check shared by the bad-input suites: a case's call raises the right exception, naming what it should."
-import warnings
+"What the bad-input suites share: the check that a case raises the right error, and the smallest training run."
+import copy, functools, warnings
 
 import pytest
 
@@ -12,3 +12,33 @@ def check_bad_input(fn, exc, contains, tmp_path):
     message = str(info.value) + "".join("\n" + n for n in getattr(info.value, "__notes__", []))
     missing = [c for c in (c.replace("{tmp}", str(tmp_path)) for c in contains) if c not in message]
     assert not missing, f"{type(info.value).__name__} message lacks {missing}: {message[:500]}"
+
+
+@functools.cache
+def _tiny():
+    from rlnb import tiny
+    return tiny.load_tiny_model(progress=False)
+
+
+def tok():
+    "The tiny model's tokenizer."
+    return _tiny()[1]
+
+
+def model():
+    "A fresh copy of the tiny model."
+    return copy.deepcopy(_tiny()[0])
+
+
+def small(**kw):
+    "The smallest run config: one iteration of 2 prompts x 2 completions of 2 tokens, no LoRA, no evaluation."
+    from rlnb.core import create_training_config
+    return create_training_config(**{**dict(num_iterations=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
+                                            eval_every=0, lora_r=0), **kw})
+
+
+def run(**kw):
+    "One short run of train with the given hooks (a fresh tiny model)."
+    from rlnb import training
+    config = kw.pop("config", small())
+    return training.train(config, model=model(), tokenizer=tok(), progress=False, **kw)

@@ -2,35 +2,20 @@
 
 Like tests/test_bad_inputs.py: each case is one bad input that must raise an exception of the right type whose message
 names the hook, the argument or the file."""
-import copy, functools, json, os, subprocess, sys, time
+import json, os, subprocess, sys, time
 
 import nbformat
 import pytest
 import torch
 
-from bad_inputs import check_bad_input
+from bad_inputs import check_bad_input, model, run, small, tok
 
-from rlnb import (algorithms, chat, checkpoints, core, generation, loggers, logprobs, models, multiturn, rollouts, tiny,
-                  training)
+from rlnb import (algorithms, checkpoints, core, generation, loggers, logprobs, models, multiturn, training)
 from rlnb.core import Generation, GenerationConfig, TrainingState, create_training_config
 
 torch.set_num_threads(1)
 
 
-@functools.cache
-def _tiny():
-    return tiny.load_tiny_model(progress=False)
-
-
-def tok(): return _tiny()[1]
-def model(): return copy.deepcopy(_tiny()[0])
-def small(**kw):
-    return create_training_config(**{**dict(num_iterations=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
-                                            eval_every=0, lora_r=0), **kw})
-def run(**kw):
-    "One short run of train with the given hooks (a fresh tiny model)."
-    config = kw.pop("config", small())
-    return training.train(config, model=model(), tokenizer=tok(), progress=False, **kw)
 
 
 CASES = []

@@ -4,29 +4,18 @@ cannot date.
 
 Like tests/test_bad_inputs_2.py: each case is one bad input that must raise an exception of the right type whose
 message names the file and what is wrong in it; behaviour fixes are plain tests below the cases."""
-import copy, functools, json, os, shutil, warnings
+import json, os, shutil, warnings
 
 import pytest
 import torch
 
-from bad_inputs import check_bad_input
+from bad_inputs import _tiny, check_bad_input, model, small
 
-from rlnb import checkpoints, loggers, models, tiny, training
-from rlnb.core import TrainingState, create_training_config
+from rlnb import checkpoints, loggers, models, training
+from rlnb.core import TrainingState
 
 torch.set_num_threads(1)
 nan, inf = float("nan"), float("inf")
-
-
-@functools.cache
-def _tiny():
-    return tiny.load_tiny_model(progress=False)
-
-
-def model(): return copy.deepcopy(_tiny()[0])
-def small(**kw):
-    return create_training_config(**{**dict(num_iterations=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
-                                            eval_every=0, lora_r=0), **kw})
 
 
 CASES = []

@@ -4,13 +4,13 @@ rollouts are all grouped or none, and hooks a run never calls (or iterations wit
 
 Like tests/test_bad_inputs_2.py: each case is one bad input that must raise an exception of the right type whose message
 names the hook; the plain tests below check the behaviour that goes with the fixes."""
-import copy, functools, warnings
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from bad_inputs import check_bad_input
+from bad_inputs import check_bad_input, model, run, small, tok
 
 from rlnb import algorithms, core, kl, rewards, tiny, training
 from rlnb.core import Batch, Generation, Rollout, TrainingState, create_training_config
@@ -19,20 +19,6 @@ torch.set_num_threads(1)
 nan = float("nan")
 
 
-@functools.cache
-def _tiny():
-    return tiny.load_tiny_model(progress=False)
-
-
-def tok(): return _tiny()[1]
-def model(): return copy.deepcopy(_tiny()[0])
-def small(**kw):
-    return create_training_config(**{**dict(num_iterations=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
-                                            eval_every=0, lora_r=0), **kw})
-def run(**kw):
-    "One short run of train with the given hooks (a fresh tiny model)."
-    config = kw.pop("config", small())
-    return training.train(config, model=model(), tokenizer=tok(), progress=False, **kw)
 def own_prompts(**kw):
     "A run on prompts of its own (prompts_per_step then stays at its default)."
     return run(config=create_training_config(num_iterations=1, group_size=2, max_new_tokens=2, eval_every=0, lora_r=0),
