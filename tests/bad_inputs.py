@@ -42,3 +42,12 @@ def run(**kw):
     from rlnb import training
     config = kw.pop("config", small())
     return training.train(config, model=model(), tokenizer=tok(), progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    "A finished 2-iteration LoRA run with its checkpoint (import it to use it as a fixture)."
+    from rlnb import training
+    out = tmp_path_factory.mktemp("run")
+    training.train(small(num_iterations=2, lora_r=4, output_dir=str(out)), progress=False)
+    return out

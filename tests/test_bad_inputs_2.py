@@ -8,7 +8,7 @@ import nbformat
 import pytest
 import torch
 
-from bad_inputs import check_bad_input, model, run, small, tok
+from bad_inputs import check_bad_input, model, run, saved_run, small, tok
 
 from rlnb import (algorithms, checkpoints, core, generation, loggers, logprobs, models, multiturn, training)
 from rlnb.core import Generation, GenerationConfig, TrainingState, create_training_config
@@ -156,14 +156,6 @@ def test_bad_input(fn, exc, contains, tmp_path):
 
 
 # --- resume checks what it loads --------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def saved_run(tmp_path_factory):
-    "A finished 2-iteration LoRA run with its checkpoint."
-    out = tmp_path_factory.mktemp("run")
-    training.train(small(num_iterations=2, lora_r=4, output_dir=str(out)), progress=False)
-    return out
-
-
 @pytest.mark.parametrize("change, message", [
     (dict(task="arithmetic"), "task: 'addition' there, 'arithmetic' here"),
     (dict(seed=5), "seed: 0 there, 5 here"),

@@ -9,7 +9,7 @@ import json, os, shutil, warnings
 import pytest
 import torch
 
-from bad_inputs import _tiny, check_bad_input, model, small
+from bad_inputs import _tiny, check_bad_input, model, saved_run, small
 
 from rlnb import checkpoints, loggers, models, training
 from rlnb.core import TrainingState
@@ -263,14 +263,6 @@ def test_drop_metrics_after_drops_a_torn_last_row_and_keeps_a_whole_unterminated
 
 
 # --- train's resume ---------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def saved_run(tmp_path_factory):
-    "A finished 2-iteration LoRA run with its checkpoint."
-    out = tmp_path_factory.mktemp("run")
-    training.train(small(num_iterations=2, lora_r=4, output_dir=str(out)), progress=False)
-    return out
-
-
 @pytest.fixture
 def run_copy(saved_run, tmp_path):
     shutil.copytree(saved_run, tmp_path / "run")
