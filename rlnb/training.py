@@ -532,7 +532,7 @@ def _checked_generations(out, max_new_tokens: int, fn: str = "train") -> list:
     return out
 
 
-def _warn_text_mismatch(out: list, tokenizer, fn: str = "train") -> bool:
+def _warn_text_mismatch(out: list, tokenizer, fn: str = "train") -> None:
     "Warn if a Generation's text is not what its token ids decode to (rewards read the text, gradients the tokens)."
     rows = [g for g in out if isinstance(g, Generation) and g.token_ids is not None and isinstance(g.text, str)]
     decoded = tokenizer.batch_decode([list(g.token_ids) for g in rows], skip_special_tokens=True)
@@ -540,19 +540,19 @@ def _warn_text_mismatch(out: list, tokenizer, fn: str = "train") -> bool:
     if bad is not None:
         warnings.warn(f"{fn}: `generator` returned a Generation whose text {reprlib.repr(rows[bad].text)} is not what "
                       f"its token ids decode to ({reprlib.repr(decoded[bad])}); the reward reads the text and the "
-                      "gradient goes to the tokens, so they should match (said once)", stacklevel=3)
-    return bad is not None
+                      "gradient goes to the tokens, so they should match (checked on the first batch)", stacklevel=3)
 
 
 def _checked_generator(generator: Callable | None, fn: str = "train") -> Callable | None:
-    "`generator` with its result checked by `_checked_generations`, and its text against its tokens (warned once)."
+    "`generator` with its result checked by `_checked_generations`; its text against its tokens on the first call."
     if generator is None: return None
-    warned = False
+    first_call = True
     @functools.wraps(generator)
     def checked(model, tokenizer, prompts, config):
-        nonlocal warned
+        nonlocal first_call
         out = _checked_generations(generator(model, tokenizer, prompts, config), config.max_new_tokens, fn)
-        if not warned: warned = _warn_text_mismatch(out, tokenizer, fn)
+        if first_call: _warn_text_mismatch(out, tokenizer, fn)  # once: decoding every batch would cost each step
+        first_call = False
         return out
     return checked
 
