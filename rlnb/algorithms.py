@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .core import Batch, CollatedBatch, collate, group_stats
-from .kl import KL_ESTIMATORS, _check_kl_values, kl_k3
+from .kl import KL_ESTIMATORS, check_kl_values, kl_k3
 
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
@@ -202,7 +202,7 @@ def _kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_fn: Callable | 
         got = f"shape {tuple(kl.shape)}" if isinstance(kl, Tensor) else f"a {type(kl).__name__}"
         raise ValueError(f"kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` returned {got}; expected a tensor of shape "
                          f"{tuple(logprobs.shape)}, one KL value per token")
-    if kl_fn is not None: _check_kl_values("policy loss", kl_fn, kl, logprobs, ref_logprobs, mask)
+    if kl_fn is not None: check_kl_values("policy loss", kl_fn, kl, logprobs, ref_logprobs, mask)
     return torch.where(mask, kl, zero)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .core import Conversation, Message
 
 # %% auto #0
-__all__ = ['apply_chat_template', 'format_prompt', 'ParsedThinking', 'parse_thinking']
+__all__ = ['as_conversation', 'apply_chat_template', 'format_prompt', 'ParsedThinking', 'parse_thinking']
 
 # %% ../nbs/15_chat.ipynb #db6a7882
 def _message_dict(message: Message) -> dict:
@@ -26,7 +26,7 @@ def _message_dict(message: Message) -> dict:
     return d
 
 
-def _as_conversation(conversation, fn: str, name: str = "conversation") -> Conversation:
+def as_conversation(conversation, fn: str, name: str = "conversation") -> Conversation:
     "Accept a Conversation, or a list of Messages / {'role', 'content'} dicts."
     if isinstance(conversation, Conversation): return conversation
     if isinstance(conversation, (list, tuple)):
@@ -48,7 +48,7 @@ def apply_chat_template(
     tools: Sequence[dict] | None = None,  # JSON schemas of tools, for templates that render them
 ) -> str:
     "Render a conversation as prompt text with the tokenizer's chat template (or a plain fallback)."
-    conversation = _as_conversation(conversation, "apply_chat_template")
+    conversation = as_conversation(conversation, "apply_chat_template")
     if template_fn is not None:
         text = template_fn(conversation, tokenizer)
         if not isinstance(text, str):
@@ -79,7 +79,7 @@ def format_prompt(
         if not use_chat_template:
             return f"{system_prompt}\n\n{prompt_or_messages}" if system_prompt else prompt_or_messages
         conv = Conversation((Message("user", prompt_or_messages),))
-    else: conv = _as_conversation(prompt_or_messages, "format_prompt", "prompt_or_messages")
+    else: conv = as_conversation(prompt_or_messages, "format_prompt", "prompt_or_messages")
     if system_prompt and not any(m.role == "system" for m in conv.messages):
         conv = conv._replace(messages=(Message("system", system_prompt),) + tuple(conv.messages))
     return apply_chat_template(conv, tokenizer, template_fn=template_fn, enable_thinking=enable_thinking)

@@ -15,10 +15,10 @@ import torch
 from .core import TrainingState, TrainingStats, from_jsonable, is_peft_model, model_device, to_jsonable
 
 # %% auto #0
-__all__ = ['checkpoint_exists', 'save_checkpoint', 'load_checkpoint', 'checkpoint_metadata']
+__all__ = ['rng_state', 'set_rng_state', 'checkpoint_exists', 'save_checkpoint', 'load_checkpoint', 'checkpoint_metadata']
 
 # %% ../nbs/41_checkpoints.ipynb #27ee6ce6
-def _rng_state() -> dict:
+def rng_state() -> dict:
     "The Python, numpy, torch (and CUDA) random states, in types `torch.load(weights_only=True)` accepts."
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available(): state["cuda"] = torch.cuda.get_rng_state_all()
@@ -30,8 +30,8 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
-    "Put back the random states `_rng_state` captured."
+def set_rng_state(state: dict) -> None:
+    "Put back the random states `rng_state` captured."
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state["cuda"])
@@ -83,7 +83,7 @@ def _write_checkpoint(state: TrainingState, folder: Path) -> None:
         save_model(state.value_head, str(folder / "value_head.safetensors"), metadata={"format": "pt"})
     if state.optimizer is not None: torch.save(state.optimizer.state_dict(), folder / "optimizer.pt")
     if state.scheduler is not None: torch.save(state.scheduler.state_dict(), folder / "scheduler.pt")
-    torch.save(_rng_state(), folder / "rng.pt")
+    torch.save(rng_state(), folder / "rng.pt")
     for f in folder.iterdir(): _fsync(f)
     meta = {"format": _FORMAT, "weights": kind, "iteration": state.iteration, "global_step": state.global_step,
             "stats_history": to_jsonable(tuple(state.stats_history)), "metadata": _jsonable_metadata(state.metadata),
@@ -339,7 +339,7 @@ def load_checkpoint(
     device = model_device(model)
     parts = [("optimizer.pt", optimizer, lambda s: optimizer.load_state_dict(s)),
              ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)),
-             ("rng.pt", restore_rng or None, _set_rng_state)]
+             ("rng.pt", restore_rng or None, set_rng_state)]
     written = {"optimizer.pt": meta.get("optimizer"), "scheduler.pt": meta.get("scheduler"), "rng.pt": True}
     for name, target, restore in parts:  # each file is read, then restored; a damaged or mismatched one is named
         if target is None: continue

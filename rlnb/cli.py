@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .cache import FolderInUseError
-from .experiments import _progress_line, run_experiment, run_sweep
+from .experiments import progress_line, run_experiment, run_sweep
 
 # %% auto #0
 __all__ = ['parse_value', 'parse_params', 'yaml_params', 'main']
@@ -109,7 +109,7 @@ def main(
         if args.command == "run":
             if args.log_output: logging.basicConfig(level=logging.INFO, format="%(message)s")
             result = run_experiment(args.notebook, params, args.output, log_output=args.log_output)
-            _say(_progress_line(1, 1, result))
+            _say(progress_line(1, 1, result))
             return 0 if result.status == "completed" else 1
         results = run_sweep(args.notebook, params, seeds=args.seeds, output_root=args.output, workers=args.workers,
                             threads_per_run=args.threads, log_fn=_say)

@@ -14,11 +14,11 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig',
-           'document_fields', 'TrainingStats', 'TrainingState', 'create_training_config', 'warn_unsaved_checkpoints',
-           'env_num_threads', 'CollatedBatch', 'collate', 'set_seed', 'to_jsonable', 'from_jsonable',
-           'rollouts_to_jsonl', 'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id',
-           'is_peft_model', 'GroupStats', 'group_stats']
+__all__ = ['CONFIG_MAXIMA', 'CONTROL_CHARACTERS', 'ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation',
+           'Rollout', 'Batch', 'TrainingConfig', 'document_fields', 'TrainingStats', 'TrainingState',
+           'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch', 'collate',
+           'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl',
+           'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats', 'group_stats']
 
 # %% ../nbs/10_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -207,14 +207,14 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
     "max_seconds": (0, False), "num_threads": (1, True),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
-_MAXIMA = {  # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends
+CONFIG_MAXIMA = {  # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends
     "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 10_000,
     "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
     "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
     "beta": 1e6, "temperature": 100.0}
 # prompts_per_step x group_size: completions sampled per iteration, each with (C, vocabulary) logits in training
 _MAX_ROWS = 65_536
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no model name or folder holds one
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no model name or folder holds one
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
             "task_format": ("auto", "plain", "chat")}
 
@@ -266,8 +266,8 @@ def create_training_config(
                 raise ValueError(f"TrainingConfig: `{name}` must be {'>=' if inclusive else '>'} {low}, got {v!r}")
         if name in _CHOICES and v not in _CHOICES[name]:
             raise ValueError(f"TrainingConfig: `{name}` must be one of {_CHOICES[name]}, got {v!r}")
-        if name in _MAXIMA and v is not None and v > _MAXIMA[name]:
-            raise ValueError(f"TrainingConfig: `{name}` must be <= {_MAXIMA[name]:,}, got {v!r}")
+        if name in CONFIG_MAXIMA and v is not None and v > CONFIG_MAXIMA[name]:
+            raise ValueError(f"TrainingConfig: `{name}` must be <= {CONFIG_MAXIMA[name]:,}, got {v!r}")
     _check_combined(values)
     _warn_ignored(values, set(changes))
     return TrainingConfig(**values)
@@ -297,7 +297,7 @@ def _check_names(values: dict) -> None:
     if values["output_dir"] is not None and not values["output_dir"].strip():
         raise ValueError("TrainingConfig: `output_dir` is empty; give a folder, or None to keep nothing on disk")
     for name in ("model", "output_dir"):
-        bad = _CONTROL.search(values[name] or "")
+        bad = CONTROL_CHARACTERS.search(values[name] or "")
         if bad:
             raise ValueError(f"TrainingConfig: `{name}` {values[name]!r} holds the control character "
                              f"{bad.group()!r}; no model name or folder has one")
@@ -347,8 +347,8 @@ def env_num_threads(
     if not env: return None
     try: n = int(env)
     except ValueError: n = 0
-    if not 1 <= n <= _MAXIMA["num_threads"]:
-        raise ValueError(f"{fn}: $RLNB_NUM_THREADS must be an integer from 1 to {_MAXIMA['num_threads']:,} "
+    if not 1 <= n <= CONFIG_MAXIMA["num_threads"]:
+        raise ValueError(f"{fn}: $RLNB_NUM_THREADS must be an integer from 1 to {CONFIG_MAXIMA['num_threads']:,} "
                          f"(num_threads' range), got {env!r}")
     return n
 
@@ -459,7 +459,7 @@ def collate(
         old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1])
 
 # %% ../nbs/10_core.ipynb #f6678500
-def _check_seed(seed, fn: str) -> int:
+def check_seed(seed, fn: str) -> int:
     "`seed`, if it is an int in torch's range (what torch.manual_seed and a Generator accept); else an error naming it."
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"{fn}: `seed` must be an int, got {seed!r}")
@@ -470,7 +470,7 @@ def _check_seed(seed, fn: str) -> int:
 
 def set_seed(seed: int) -> int:
     "Seed python's `random`, numpy (if installed) and torch (CPU and every GPU). Returns `seed`."
-    _check_seed(seed, "set_seed")
+    check_seed(seed, "set_seed")
     random.seed(seed)
     try:
         import numpy as np

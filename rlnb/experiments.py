@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from .cache import LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, lock_holder, write_atomically
-from .core import _MAXIMA, create_training_config
-from .loggers import _LABELS, load_metrics
+from .core import CONFIG_MAXIMA, create_training_config
+from .loggers import METRIC_LABELS, load_metrics
 
 # %% auto #0
 __all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'MAX_KEPT_ATTEMPTS', 'MAX_SWEEP_RUNS', 'RunResult', 'check_run_params',
-           'run_name', 'expand_grid', 'run_experiment', 'ProcessPerRun', 'run_sweep', 'Sweep', 'load_sweep',
-           'plot_sweep']
+           'run_name', 'expand_grid', 'run_experiment', 'ProcessPerRun', 'progress_line', 'run_sweep', 'Sweep',
+           'load_sweep', 'plot_sweep']
 
 # %% ../nbs/60_experiments.ipynb #1ba1bef7
 class RunResult(NamedTuple):
@@ -443,7 +443,7 @@ def _varying(plan: Mapping[str, Mapping]) -> list[str] | None:
     return differ or None
 
 
-def _progress_line(done: int, total: int, result: RunResult, keys: Sequence[str] | None = None) -> str:
+def progress_line(done: int, total: int, result: RunResult, keys: Sequence[str] | None = None) -> str:
     "`[3/8] learning_rate=0.001 seed=1 ok 14 s  reward 0.21->0.33  acc 0.34->0.59`: the run's `keys` (None: its name)."
     who = result.run_id.replace(",", " ")
     if keys: who = " ".join(f"{k}={_value_text(result.params.get(k))}" for k in keys)
@@ -470,7 +470,7 @@ def _default_executor(workers: int | None, runs: int) -> Executor:
 def _run_env(threads_per_run: int | None) -> dict[str, str]:
     "The kernels' environment: `threads_per_run` CPU threads (OpenMP, MKL, rlnb) and the caller's tiny-model cache."
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RLNB_NUM_THREADS")
-    most = _MAXIMA["num_threads"]  # the limit of TrainingConfig.num_threads: more threads fail to start
+    most = CONFIG_MAXIMA["num_threads"]  # the limit of TrainingConfig.num_threads: more threads fail to start
     if threads_per_run is not None and (not isinstance(threads_per_run, int) or isinstance(threads_per_run, bool)
                                         or not 1 <= threads_per_run <= most):
         raise ValueError(f"run_sweep: `threads_per_run` must be an int from 1 to {most} or None, "
@@ -527,7 +527,7 @@ def run_sweep(
             todo[run_id] = params
     say = log_fn or (lambda line: None)
     shown = _varying(plan)  # what tells the runs apart, in the progress lines
-    for k, result in enumerate(results.values(), 1): say(_progress_line(k, len(plan), result, shown))
+    for k, result in enumerate(results.values(), 1): say(progress_line(k, len(plan), result, shown))
     if todo:
         pool = _default_executor(workers, len(todo)) if executor is None else executor
         try:  # arguments by position: some executors (Dask's) take keywords of their own
@@ -541,7 +541,7 @@ def run_sweep(
                     result = _result(root / run_id, busy, skipped=True)
                 except Exception as e: result = _record_lost(root / run_id, todo[run_id], e)
                 results[run_id] = result
-                say(_progress_line(len(results), len(plan), result, shown))
+                say(progress_line(len(results), len(plan), result, shown))
         except BaseException:  # interrupted (Ctrl-C) or failed: our own processes stop with the sweep
             if executor is None: pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -645,7 +645,7 @@ def _plot_finals(ax, finals: dict, groups: list, by: list) -> None:
         color = ("black", "tab:green", "tab:purple", "tab:brown")[j % 4]
         std = [np.std(v, ddof=1) if len(v) > 1 else 0.0 for _, v in pts]
         ax.errorbar([x for x, _ in pts], [np.mean(v) for _, v in pts], yerr=std, marker="os^D"[j % 4], capsize=4,
-                    color=color, label=_LABELS.get(metric, metric))
+                    color=color, label=METRIC_LABELS.get(metric, metric))
         for x, v in pts: ax.scatter([x] * len(v), v, color=color, alpha=0.35, s=14)
     if numeric and max(xs) / min(xs) >= 3: ax.set_xscale("log")  # learning rates and the like: spaced by factors
     ax.set_xticks(xs, [f"{v:g}" for v in xs] if numeric else [label for label, _, _ in groups], fontsize=8,
@@ -691,7 +691,7 @@ def plot_sweep(
             ax.plot(mean.index, mean, color=f"C{i}", label=f"{label} (n={len(curves)})",
                     marker="o" if len(mean) < 15 else None)
             if len(curves) > 1: ax.fill_between(mean.index, mean - std, mean + std, color=f"C{i}", alpha=0.2, lw=0)
-        ax.set(title=_LABELS.get(c, c), xlabel="optimizer step", ylabel=c)
+        ax.set(title=METRIC_LABELS.get(c, c), xlabel="optimizer step", ylabel=c)
         ax.grid(alpha=0.3); ax.legend(fontsize=8)
     if final: _plot_finals(axes[0][-1], finals, groups, by)
     fig.suptitle(title or f"{len(done)} runs by {', '.join(by) or 'run'}: mean ± std over seeds")

@@ -16,7 +16,10 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from .core import Generation, GenerationConfig, is_peft_model, model_device, pad_token_id
 
 # %% auto #0
-__all__ = ['INVERSE_CDF_MIN_VOCAB', 'left_pad', 'merged_lora', 'batch_generate', 'generate', 'generate_with_logprobs']
+__all__ = ['INVERSE_CDF_MIN_VOCAB', 'left_pad', 'eos_token_ids', 'encode_prompts', 'generation_mode', 'forward_parameters',
+           'kv_cache_argument', 'output_cache', 'logits_to_keep_argument', 'position_ids', 'select_cache_rows',
+           'prefill_prompts', 'distinct_prompts', 'can_share_prompts', 'merged_lora', 'generate_rows',
+           'generate_micro_batch', 'batch_generate', 'generate', 'generate_with_logprobs']
 
 # %% ../nbs/20_generation.ipynb #099f8d74
 def left_pad(
@@ -88,7 +91,7 @@ def _check_generation_config(config, fn: str) -> GenerationConfig:
     return config
 
 
-def _eos_token_ids(model, tokenizer) -> list[int]:
+def eos_token_ids(model, tokenizer) -> list[int]:
     "Every id that ends a completion: the tokenizer's EOS and the model's generation_config EOS id(s)."
     ids = [tokenizer.eos_token_id]
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -96,7 +99,7 @@ def _eos_token_ids(model, tokenizer) -> list[int]:
     return sorted({int(i) for i in ids if i is not None})
 
 
-def _encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
+def encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
     "Token ids of each prompt (text or ids), texts in one tokenizer call; no second BOS when a text starts with one."
     out: list = [None] * len(prompts)
     texts = {True: [], False: []}  # add_special_tokens -> indices of the texts that get it
@@ -140,7 +143,7 @@ def _hf_generate_kwargs(config: GenerationConfig, tokenizer, pad_id: int, eos_id
 
 
 @contextlib.contextmanager
-def _generation_mode(model):
+def generation_mode(model):
     "Eval mode and the KV cache on while generating; the previous mode and `config.use_cache` restored afterwards."
     was_training, config = model.training, getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
@@ -188,34 +191,34 @@ def _stop_string_cut(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> 
     return lo
 
 # %% ../nbs/20_generation.ipynb #61686707
-def _forward_parameters(model) -> dict:
+def forward_parameters(model) -> dict:
     "Parameters of the underlying model's `forward` (through a peft wrapper)."
     base = model.get_base_model() if is_peft_model(model) else model
     return inspect.signature(base.forward).parameters
 
 
-def _cache_arg(params) -> str | None:
+def kv_cache_argument(params) -> str | None:
     "The name under which this model's forward takes a KV cache: `cache` (transformers >= 5.24), `past_key_values`."
     return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
-def _output_cache(out):
+def output_cache(out):
     "The KV cache a forward pass or `generate` returned, under its new name (`cache`) or its old one."
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
-def _logits_to_keep_arg(params) -> str | None:
+def logits_to_keep_argument(params) -> str | None:
     "The name under which this model's forward accepts 'compute logits for the last k positions only', if any."
     return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
 
 
-def _position_ids(attention_mask: Tensor) -> Tensor:
+def position_ids(attention_mask: Tensor) -> Tensor:
     "(b, T) positions counted from each row's first real token (left padding gets 0), as `generate` numbers them."
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _select_cache_rows(cache, index: Tensor):
+def select_cache_rows(cache, index: Tensor):
     "A KV cache of U rows re-indexed to len(index) rows (row r = cache row index[r]); differentiable."
     if hasattr(cache, "batch_select_indices"):  # transformers' Cache objects
         cache.batch_select_indices(index)
@@ -223,23 +226,23 @@ def _select_cache_rows(cache, index: Tensor):
     return tuple(tuple(t[index] for t in layer) for layer in cache)  # the legacy tuple-of-tuples layout
 
 
-def _prefill_prompts(
+def prefill_prompts(
     model,  # a causal LM whose forward takes a KV cache
     prompt_ids: Tensor,  # (U, P) distinct prompts, left-padded
     prompt_mask: Tensor,  # (U, P) 1 on real tokens
     index: Tensor,  # (b,) which prompt each of the b rows continues
 ) -> tuple[Tensor, Any]:
     "Run each distinct prompt once: logits at its last position re-indexed to the rows (b, V), and its cache likewise."
-    params = _forward_parameters(model)
+    params = forward_parameters(model)
     kwargs = {"input_ids": prompt_ids, "attention_mask": prompt_mask, "use_cache": True}
-    if "position_ids" in params: kwargs["position_ids"] = _position_ids(prompt_mask)
-    keep = _logits_to_keep_arg(params)
+    if "position_ids" in params: kwargs["position_ids"] = position_ids(prompt_mask)
+    keep = logits_to_keep_argument(params)
     if keep: kwargs[keep] = 1
     out = model(**kwargs)
-    return out.logits[:, -1][index], _select_cache_rows(_output_cache(out), index)
+    return out.logits[:, -1][index], select_cache_rows(output_cache(out), index)
 
 
-def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     "Distinct rows (U, P) of a prompt block, their masks (U, P) and each row's index (b,); None if no row repeats."
     rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)  # (b, 2P): a row is its tokens and its padding
     unique, index = torch.unique(rows, dim=0, return_inverse=True)
@@ -248,11 +251,11 @@ def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, 
     return unique[:, :P], unique[:, P:].to(prompt_mask.dtype), index
 
 
-def _can_share_prompts(model, custom_params: dict | None = None) -> bool:
+def can_share_prompts(model, custom_params: dict | None = None) -> bool:
     "True if the model takes a KV cache (and the caller did not choose its own cache)."
     custom = custom_params or {}
     chosen = {"cache", "past_key_values", "cache_implementation"} & set(custom)
-    return _cache_arg(_forward_parameters(model)) is not None and not chosen
+    return kv_cache_argument(forward_parameters(model)) is not None and not chosen
 
 # %% ../nbs/20_generation.ipynb #9a0928ea
 def _foldable_lora_layers(model) -> list | None:
@@ -295,11 +298,11 @@ def merged_lora(
         for weight, original in kept: weight.data = original
 
 # %% ../nbs/20_generation.ipynb #bd8c3dea
-def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
+def generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
                    eos_ids: list[int], kv_cache=None) -> tuple[list[Generation], Any]:
     "One `model.generate` call on ready rows (R, T), one sample each; an optional KV cache holds their first columns."
     kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
-    if kv_cache is not None: kwargs[_cache_arg(_forward_parameters(model))] = kv_cache
+    if kv_cache is not None: kwargs[kv_cache_argument(forward_parameters(model))] = kv_cache
     sampling = config.do_sample and config.temperature > 0
     recorder = _LogprobRecorder(float(config.temperature) if sampling else 1.0) if config.logprobs else None
     if recorder is not None:  # first in the list, so it sees the model's raw logits
@@ -325,18 +328,18 @@ def _generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, 
             for r in range(len(rows))], out
 
 
-def _generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
+def generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
                           eos_ids: list[int]) -> tuple[list[Generation], Any, Tensor]:
     "One `model.generate` call for a few prompts x n samples: prompt-major generations, generate's output, prompt mask."
     n = config.num_return_sequences
     input_ids, attention_mask = left_pad(prompt_ids, pad_id, model_device(model))  # (N, P)
     cache = None
-    if n > 1 and input_ids.shape[1] > 1 and _can_share_prompts(model, config.custom_params):
+    if n > 1 and input_ids.shape[1] > 1 and can_share_prompts(model, config.custom_params):
         rows = torch.arange(len(prompt_ids), device=input_ids.device).repeat_interleave(n)  # (N*n,) each row's prompt
         with torch.no_grad():  # prompts minus their last token, once each; generate runs the rest
-            _, cache = _prefill_prompts(model, input_ids[:, :-1], attention_mask[:, :-1], rows)
+            _, cache = prefill_prompts(model, input_ids[:, :-1], attention_mask[:, :-1], rows)
     input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)  # (N*n, P)
-    gens, out = _generate_rows(model, tokenizer, input_ids, attention_mask, config, pad_id, eos_ids, cache)
+    gens, out = generate_rows(model, tokenizer, input_ids, attention_mask, config, pad_id, eos_ids, cache)
     return gens, out, attention_mask
 
 # %% ../nbs/20_generation.ipynb #e80f96c7
@@ -395,15 +398,15 @@ def batch_generate(
                              f"expected {len(prompts) * n} ({len(prompts)} prompts x {n})")
         for k, g in enumerate(out): _check_generation(g, k, n, fn)
         return out
-    pad_id, eos_ids = pad_token_id(tokenizer, fn), _eos_token_ids(model, tokenizer)
-    encoded = _encode_prompts(tokenizer, prompts, fn)
+    pad_id, eos_ids = pad_token_id(tokenizer, fn), eos_token_ids(model, tokenizer)
+    encoded = encode_prompts(tokenizer, prompts, fn)
     _check_context(model, encoded, config.max_new_tokens, fn)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths share a micro-batch
     per_prompt: list = [None] * len(prompts)
-    with _generation_mode(model), merged_lora(model, config.merge_lora):
+    with generation_mode(model), merged_lora(model, config.merge_lora):
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
-            gens = _generate_micro_batch(model, tokenizer, [encoded[i] for i in chunk], config, pad_id, eos_ids)[0]
+            gens = generate_micro_batch(model, tokenizer, [encoded[i] for i in chunk], config, pad_id, eos_ids)[0]
             for k, i in enumerate(chunk):
                 per_prompt[i] = [g._replace(metadata={"prompt_index": i, "sample_index": j,
                                                       "prompt_token_ids": encoded[i]})
@@ -456,12 +459,12 @@ def generate_with_logprobs(
         return gen
     C = len(gen.token_ids or [])
     if C == 0: return gen._replace(logprobs=[])
-    prompt_ids = (gen.metadata or {}).get("prompt_token_ids") or _encode_prompts(tokenizer, [prompt], fn)[0]
+    prompt_ids = (gen.metadata or {}).get("prompt_token_ids") or encode_prompts(tokenizer, [prompt], fn)[0]
     ids, mask = left_pad([list(prompt_ids) + list(gen.token_ids)], pad_token_id(tokenizer, fn),
                          model_device(model))  # (1, P+C)
     # as recorded while sampling
     temperature = float(config.temperature) if config.do_sample and config.temperature > 0 else 1.0
-    with _generation_mode(model), torch.no_grad():
+    with generation_mode(model), torch.no_grad():
         lp = logprob_extractor(model, ids, mask, C, temperature=temperature)  # (1, C)
     if tuple(lp.shape) != (1, C):
         raise ValueError(f"{fn}: `logprob_extractor` returned shape {tuple(lp.shape)}, expected (1, {C})")

@@ -16,11 +16,11 @@ from .core import is_peft_model
 from .logprobs import compute_logprobs_for_tokens
 
 # %% auto #0
-__all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_estimator', 'compute_per_token_kl', 'compute_reverse_kl',
-           'compute_forward_kl', 'exact_kl_from_logits', 'compute_batch_kl', 'create_truncated_kl',
-           'create_adaptive_kl', 'create_kl_schedule', 'update_adaptive_kl_coef', 'AdapterDisabledRef',
-           'create_frozen_copy', 'create_reference_model', 'get_reference_logprobs', 'create_ema_updater',
-           'create_periodic_updater', 'update_reference_model']
+__all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_estimator', 'check_kl_values', 'compute_per_token_kl',
+           'compute_reverse_kl', 'compute_forward_kl', 'exact_kl_from_logits', 'compute_batch_kl',
+           'create_truncated_kl', 'create_adaptive_kl', 'create_kl_schedule', 'update_adaptive_kl_coef',
+           'AdapterDisabledRef', 'create_frozen_copy', 'create_reference_model', 'get_reference_logprobs',
+           'create_ema_updater', 'create_periodic_updater', 'update_reference_model']
 
 # %% ../nbs/23_kl.ipynb #1448cd19
 def _check_same_shape(caller: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor | None = None):
@@ -80,7 +80,7 @@ def _masked(kl: Tensor, mask: Tensor | None) -> Tensor:
     return kl if mask is None else torch.where(mask.bool(), kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
 
 
-def _check_kl_values(caller: str, kl_fn: Callable, kl: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
+def check_kl_values(caller: str, kl_fn: Callable, kl: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
                      mask: Tensor | None = None) -> None:
     "A kl_fn's (B, C) result must be finite on the tokens that count, wherever both log-probs it was given are."
     fine = torch.isfinite(logprobs.detach()) & torch.isfinite(ref_logprobs.detach())  # (B, C)
@@ -107,7 +107,7 @@ def compute_per_token_kl(
         got = tuple(kl.shape) if isinstance(kl, Tensor) else type(kl).__name__
         raise ValueError(f"compute_per_token_kl: kl_fn `{getattr(fn, '__name__', fn)}` returned {got}, "
                          f"expected a tensor of shape {tuple(logprobs.shape)}")
-    if kl_fn is not None: _check_kl_values("compute_per_token_kl", kl_fn, kl, logprobs, ref_logprobs, mask)
+    if kl_fn is not None: check_kl_values("compute_per_token_kl", kl_fn, kl, logprobs, ref_logprobs, mask)
     return _masked(kl, mask)
 
 # %% ../nbs/23_kl.ipynb #c2732b22

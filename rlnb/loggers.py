@@ -14,9 +14,9 @@ from .cache import write_atomically
 from .core import TrainingState, TrainingStats
 
 # %% auto #0
-__all__ = ['metrics_record', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger', 'load_metrics', 'drop_metrics_after',
-           'update_ema_metrics', 'log_to_wandb', 'create_progress_logger', 'plot_metrics', 'load_wandb_metrics',
-           'create_tensorboard_logger']
+__all__ = ['METRIC_LABELS', 'metrics_record', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger', 'load_metrics',
+           'drop_metrics_after', 'update_ema_metrics', 'log_to_wandb', 'create_progress_logger', 'plot_metrics',
+           'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/40_loggers.ipynb #05a15ce3
 def metrics_record(state: TrainingState, stats: TrainingStats) -> dict:
@@ -239,7 +239,7 @@ def create_progress_logger(
     return log
 
 # %% ../nbs/40_loggers.ipynb #6df5cadb
-_LABELS = {"reward/mean": "mean reward", "kl/mean": "KL to reference (k3, per token)", "loss/policy": "policy loss",
+METRIC_LABELS = {"reward/mean": "mean reward", "kl/mean": "KL to reference (k3, per token)", "loss/policy": "policy loss",
            "loss/total": "total loss", "loss/sft": "SFT loss", "eval/accuracy": "greedy accuracy (held-out)",
            "time/step_s": "seconds per iteration", "grad_norm": "gradient norm (before clipping)"}
 
@@ -268,7 +268,7 @@ def plot_metrics(
             ax.plot(d[x], d[m].rolling(smooth, min_periods=1).mean(), label=f"rolling mean ({smooth})")
             ax.legend(fontsize=8)
         else: ax.plot(d[x], d[m], marker="o" if len(d) < 30 else None, ms=4)  # sparse (e.g. evaluations): as measured
-        ax.set(title=_LABELS.get(m, m), xlabel="optimizer step" if x == "step" else x, ylabel=m)
+        ax.set(title=METRIC_LABELS.get(m, m), xlabel="optimizer step" if x == "step" else x, ylabel=m)
         ax.grid(alpha=0.3)
     if title: fig.suptitle(title)
     fig.tight_layout()

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .core import model_device
-from .generation import (_cache_arg, _can_share_prompts, _distinct_prompts, _forward_parameters,
-                             _logits_to_keep_arg, _position_ids, _prefill_prompts)
+from .generation import (kv_cache_argument, can_share_prompts, distinct_prompts, forward_parameters,
+                             logits_to_keep_argument, position_ids, prefill_prompts)
 
 # %% auto #0
 __all__ = ['compute_logprobs_for_tokens']
@@ -50,7 +50,7 @@ def _completion_hidden(seen: list, C: int, groups) -> Tensor:
 def _full_pass_logits(model, ids: Tensor, mask: Tensor, C: int, params, keep: str | None) -> Tensor:
     "Logits (b, C, V) predicting the last C tokens, from one pass over prompt + completion (b, P+C)."
     kwargs = {"input_ids": ids, "attention_mask": mask}
-    if "position_ids" in params: kwargs["position_ids"] = _position_ids(mask)
+    if "position_ids" in params: kwargs["position_ids"] = position_ids(mask)
     if "use_cache" in params: kwargs["use_cache"] = False
     if keep: kwargs[keep] = C + 1
     return model(**kwargs).logits[:, -(C + 1):-1]  # position P+t-1 predicts completion token t
@@ -59,11 +59,11 @@ def _full_pass_logits(model, ids: Tensor, mask: Tensor, C: int, params, keep: st
 def _shared_prompt_logits(model, ids: Tensor, mask: Tensor, C: int, groups: tuple, params) -> Tensor:
     "The same logits (b, C, V), each distinct prompt run once and its KV cache shared by the rows that repeat it."
     prompt_ids, prompt_mask, index = groups  # (U, P), (U, P), (b,)
-    last, cache = _prefill_prompts(model, prompt_ids, prompt_mask, index)  # (b, V): predicts completion token 0
+    last, cache = prefill_prompts(model, prompt_ids, prompt_mask, index)  # (b, V): predicts completion token 0
     if C == 1: return last[:, None]
     P = ids.shape[1] - C
-    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], _cache_arg(params): cache, "use_cache": True}
-    if "position_ids" in params: kwargs["position_ids"] = _position_ids(mask)[:, P:-1]
+    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], kv_cache_argument(params): cache, "use_cache": True}
+    if "position_ids" in params: kwargs["position_ids"] = position_ids(mask)[:, P:-1]
     rest = model(**kwargs).logits  # (b, C-1, V): completion token t-1 predicts token t
     return torch.cat([last[:, None], rest], 1)
 
@@ -114,16 +114,16 @@ def compute_logprobs_for_tokens(
         raise ValueError(f"{fn}: `input_ids` holds token ids from {low} to {high}, but the model's vocabulary has ids "
                          f"0 to {vocab - 1}; were they made by another tokenizer?")
 
-    params = _forward_parameters(model)
-    keep = _logits_to_keep_arg(params)
+    params = forward_parameters(model)
+    keep = logits_to_keep_argument(params)
     device = model_device(model)
-    share = share_prompts and _can_share_prompts(model)
+    share = share_prompts and can_share_prompts(model)
     logprobs, entropies, values = [], [], []
     for s in range(0, B, mb):
         ids, mask = input_ids[s:s + mb].to(device), attention_mask[s:s + mb].to(device)
         first = min(int(mask.any(0).int().argmax()), T - C - 1)  # drop columns that are padding in every row
         ids, mask = ids[:, first:], mask[:, first:]
-        groups = _distinct_prompts(ids[:, :-C], mask[:, :-C]) if share else None
+        groups = distinct_prompts(ids[:, :-C], mask[:, :-C]) if share else None
         with _final_hidden_states(model, value_head is not None) as seen:
             if groups is None: logits = _full_pass_logits(model, ids, mask, C, params, keep)
             else: logits = _shared_prompt_logits(model, ids, mask, C, groups, params)

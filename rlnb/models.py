@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from .cache import load_from_folder
-from .core import _CONTROL, ModelConfig, is_peft_model
+from .core import CONTROL_CHARACTERS, ModelConfig, is_peft_model
 
 # %% auto #0
 __all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'registered_loader', 'load_model',
-           'prepare_tokenizer', 'load_tokenizer']
+           'prepare_tokenizer', 'auto_tokenizer', 'load_tokenizer']
 
 # %% ../nbs/13_models.ipynb #42d44c13
 def find_linear_modules(
@@ -104,7 +104,7 @@ _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a Hugging Face id: "name" or "nam
 def _checked_name(name: str, fn: str = "load_model") -> str:
     "A name for transformers: not blank, and one that can only be a path ('/', './', '~', 'a/b/c') must exist."
     if isinstance(name, os.PathLike): name = os.fspath(name)
-    if not isinstance(name, str) or not name.strip() or _CONTROL.search(name):
+    if not isinstance(name, str) or not name.strip() or CONTROL_CHARACTERS.search(name):
         raise ValueError(f"{fn}: `model_name_or_path` must be a Hugging Face id or a local folder, got {name!r}")
     path = os.path.expanduser(name)  # '~/models/x' is a folder in the home directory
     if os.path.exists(path): return path
@@ -200,7 +200,7 @@ def prepare_tokenizer(
 
 
 # %% ../nbs/13_models.ipynb #a844108c
-def _auto_tokenizer(path: str, trust_remote_code: bool = False):
+def auto_tokenizer(path: str, trust_remote_code: bool = False):
     "`AutoTokenizer.from_pretrained`, but a local folder declaring a generic tokenizer gets exactly its tokenizer.json."
     import os
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -232,6 +232,6 @@ def load_tokenizer(
     elif config.model_name_or_path == "tiny":
         raise ValueError("load_tokenizer: 'tiny' is not registered in TOKENIZER_LOADERS; "
                          "`import rlnb.tiny` registers it")
-    else: tokenizer = _auto_tokenizer(_checked_name(config.model_name_or_path, "load_tokenizer"),
+    else: tokenizer = auto_tokenizer(_checked_name(config.model_name_or_path, "load_tokenizer"),
                                       config.trust_remote_code)
     return prepare_tokenizer(tokenizer, padding_side, fn="load_tokenizer")

@@ -14,11 +14,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .core import (Batch, Conversation, Generation, GenerationConfig, Message, Rollout, TrainingConfig,
                        check_tool_calls, pad_token_id)
 from .chat import apply_chat_template
-from .generation import (_can_share_prompts, _encode_prompts, _eos_token_ids, _generate_micro_batch, _generate_rows,
-                             _generation_mode, _output_cache, _select_cache_rows, batch_generate, left_pad)
-from .tools import (_each_result, _function_call, _loads, _tool_error, _tool_runner,
+from .generation import (can_share_prompts, encode_prompts, eos_token_ids, generate_micro_batch, generate_rows,
+                             generation_mode, output_cache, select_cache_rows, batch_generate, left_pad)
+from .tools import (each_tool_result, parse_function_call, loads_model_json, tool_error, tool_runner,
                         execute_tools, parse_json_tool_calls)
-from .rollouts import _checked_reward, _prompt_inputs
+from .rollouts import checked_reward, prompt_inputs
 
 # %% auto #0
 __all__ = ['MAX_TOOL_COLUMNS', 'parse_tool_calls', 'parse_function_calls', 'chat_template_tool_parser', 'execute_and_track_tools',
@@ -42,17 +42,17 @@ def parse_tool_calls(
         attrs, body, closed = match.group(1), match.group(2).strip(), match.group(3)
         raw = match.group(0)
         named = _XML_NAME_RE.match(attrs)
-        if not closed: calls.append(_tool_error(raw, "unclosed <tool> block (expected </tool>)", max_chars)); continue
+        if not closed: calls.append(tool_error(raw, "unclosed <tool> block (expected </tool>)", max_chars)); continue
         if not named or not (named.group(1) or named.group(2)):
-            calls.append(_tool_error(raw, 'expected <tool name="...">arguments</tool>', max_chars)); continue
+            calls.append(tool_error(raw, 'expected <tool name="...">arguments</tool>', max_chars)); continue
         if len(body) > max_chars:
-            calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
+            calls.append(tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
         args = body
         if body.startswith("{"):  # a JSON object: keyword arguments
-            try: args = _loads(body, max_depth)
-            except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON arguments: {e}", max_chars)); continue
+            try: args = loads_model_json(body, max_depth)
+            except ValueError as e: calls.append(tool_error(raw, f"invalid JSON arguments: {e}", max_chars)); continue
             if not isinstance(args, dict):
-                calls.append(_tool_error(raw, "JSON arguments must be an object", max_chars)); continue
+                calls.append(tool_error(raw, "JSON arguments must be an object", max_chars)); continue
         calls.append({"name": named.group(1) or named.group(2), "arguments": args, "raw": raw})
     return calls
 
@@ -98,17 +98,17 @@ def parse_function_calls(
     for raw in _json_blocks(body):
         if len(raw) > max_chars:
             if marker or '"name"' in raw:
-                calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
+                calls.append(tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
             continue
-        try: value = _loads(raw, max_depth)
+        try: value = loads_model_json(raw, max_depth)
         except ValueError as e:
-            if marker or '"name"' in raw: calls.append(_tool_error(raw, f"invalid JSON: {e}", max_chars))
+            if marker or '"name"' in raw: calls.append(tool_error(raw, f"invalid JSON: {e}", max_chars))
             continue  # prose with brackets in it, not a call
         items = value if isinstance(value, list) else [value]
         if not marker and not (items and all(isinstance(x, dict) and ("name" in x or "function" in x) for x in items)):
             continue
-        calls += [_function_call(x, raw, max_chars, max_depth) for x in items]
-    if marker and not calls: calls.append(_tool_error(body.strip(), f"no JSON call after {marker}", max_chars))
+        calls += [parse_function_call(x, raw, max_chars, max_depth) for x in items]
+    if marker and not calls: calls.append(tool_error(body.strip(), f"no JSON call after {marker}", max_chars))
     return calls
 
 # %% ../nbs/51_multiturn.ipynb #a84efdd2
@@ -132,9 +132,9 @@ def execute_and_track_tools(
     if result_tracker is not None and not callable(result_tracker):
         raise TypeError(f"execute_and_track_tools: `result_tracker` must be a function (call, result) -> dict, "
                         f"got {type(result_tracker).__name__}")
-    calls, run = _tool_runner("execute_and_track_tools", tool_calls, tool_executor, tools, timeout_s)
+    calls, run = tool_runner("execute_and_track_tools", tool_calls, tool_executor, tools, timeout_s)
     results, start = [], time.perf_counter()
-    for call, result in _each_result(calls, run, timeout_s):  # each call runs when the loop asks for it: timed
+    for call, result in each_tool_result(calls, run, timeout_s):  # each call runs when the loop asks for it: timed
         result = {**result, "time_s": time.perf_counter() - start}
         extra = result_tracker(call, result) if result_tracker is not None else None
         if extra is not None and not isinstance(extra, dict):
@@ -313,7 +313,7 @@ def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: se
 def _chunk_turn(model, tokenizer, chunk: dict, prompt_ids: list, cfg: GenerationConfig, turn: int, pad_id: int,
                 eos_ids: list[int]) -> list[tuple[dict, Generation]]:
     "One turn for a chunk of episodes that keeps their KV cache: only each episode's new tokens go through the model."
-    with _generation_mode(model):
+    with generation_mode(model):
         return _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids)
 
 
@@ -323,7 +323,7 @@ def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos
         if not episodes: return []
         # a prompt's n episodes start (or are too long) together
         prompts = list(dict.fromkeys(e["p"] for e in episodes))
-        gens, out, mask = _generate_micro_batch(model, tokenizer, [prompt_ids[p] for p in prompts], cfg, pad_id,
+        gens, out, mask = generate_micro_batch(model, tokenizer, [prompt_ids[p] for p in prompts], cfg, pad_id,
                                                 eos_ids)
     else:
         rows = [j for j, e in enumerate(chunk["episodes"]) if e["finish"] is None]
@@ -334,13 +334,13 @@ def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos
         new_ids, new_mask = left_pad([e["pending"] for e in episodes], pad_id, chunk["seq"].device)
         input_ids, mask = (torch.cat([chunk["seq"][index], new_ids], 1),
                            torch.cat([chunk["mask"][index], new_mask], 1))  # (A, W+D)
-        gens, out = _generate_rows(model, tokenizer, input_ids, mask, cfg._replace(num_return_sequences=1), pad_id,
-                                   eos_ids, _select_cache_rows(chunk["cache"], index))
+        gens, out = generate_rows(model, tokenizer, input_ids, mask, cfg._replace(num_return_sequences=1), pad_id,
+                                   eos_ids, select_cache_rows(chunk["cache"], index))
     lengths = torch.tensor([len(g.token_ids) for g in gens], device=mask.device)  # (R,) tokens each row keeps
     L = out.sequences.shape[1] - mask.shape[1]
     # (R, L): what follows a row's end is never read
     kept = (torch.arange(L, device=mask.device)[None, :] < lengths[:, None]).to(mask.dtype)
-    chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=_output_cache(out))
+    chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=output_cache(out))
     return list(zip(episodes, gens))
 
 # %% ../nbs/51_multiturn.ipynb #b2619c02
@@ -380,16 +380,16 @@ def create_multiturn_rollout(
     elif tools is not None or tool_parser is not None or tool_executor is not None:
         raise ValueError(f"{fn}: pass either `env` or the tool arguments (tools, tool_parser, tool_executor), not both")
     n = gen_config.num_return_sequences
-    texts, questions, answers, convs = _prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
-    prompt_ids = _encode_prompts(tokenizer, texts, fn)
+    texts, questions, answers, convs = prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
+    prompt_ids = encode_prompts(tokenizer, texts, fn)
     render = lambda conv: apply_chat_template(conv, tokenizer, template_fn=template_fn)
-    eos_ids, limit = set(_eos_token_ids(model, tokenizer)), _context_limit(model, tokenizer)
+    eos_ids, limit = set(eos_token_ids(model, tokenizer)), _context_limit(model, tokenizer)
     room = lambda e: min(limit - len(prompt_ids[e["p"]]) - len(e["ids"]), (max_total_tokens or 10**8) - len(e["ids"]))
     episodes = [_episode(i, k, convs[i], texts[i], env.reset(convs[i], answers[i]) if env.reset else None)
                 for i in range(len(texts)) for k in range(n)]  # prompt-major, like create_batch_rollouts
     kw = {} if batch_size is None else {"batch_size": batch_size}
     # keep each episode's KV cache between turns
-    reuse = generator is None and _can_share_prompts(model, gen_config.custom_params)
+    reuse = generator is None and can_share_prompts(model, gen_config.custom_params)
     size, pad_id = batch_size or 64, pad_token_id(tokenizer, fn)
     # `size` prompts' episodes each
     chunks = [{"episodes": episodes[i * n:(i + size) * n]} for i in range(0, len(texts), size)]
@@ -452,7 +452,7 @@ def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, r
             tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]), group_index=e["p"], answer=answers[e["p"]],
             status="completed" if reason == "stop" else "truncated", metadata=meta))
     if reward_fn is not None:
-        rollouts = [r._replace(rewards=_checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
+        rollouts = [r._replace(rewards=checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
     count = lambda reason: sum(e["finish"] == reason for e in episodes) / len(episodes)
     metrics = {"multiturn/turns": sum(len(e["turns"]) for e in episodes) / len(episodes),
                "multiturn/length_frac": count("length"), "multiturn/max_turns_frac": count("max_turns"),

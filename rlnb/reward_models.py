@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from .cache import build_atomically, quiet_progress_bars
 from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
-from .models import prepare_tokenizer, _auto_tokenizer
+from .models import prepare_tokenizer, auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn
-from .tiny import _resolve_task, load_tiny_model, tiny_cache_dir
+from .tiny import resolve_task, load_tiny_model, tiny_cache_dir
 
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',
@@ -139,7 +139,7 @@ def load_reward_model(
     except OSError as e:
         raise ValueError(f"{fn}: `path_or_name` {raw!r} is neither a model folder "
                          f"nor a reachable hub id ({e})") from e
-    tokenizer = prepare_tokenizer(_auto_tokenizer(name, trust_remote_code), "right", fn=fn)
+    tokenizer = prepare_tokenizer(auto_tokenizer(name, trust_remote_code), "right", fn=fn)
     if model.config.pad_token_id is None: model.config.pad_token_id = tokenizer.pad_token_id  # needed to batch
     return model.to(device).eval(), tokenizer
 
@@ -235,7 +235,7 @@ def make_preference_pairs(
     system_prompt: str | None = None,  # None = the task's
 ) -> list[PreferencePair]:
     "Pairs (prompt, correct answer) > (prompt, near-miss the task's `check` rejects)."
-    task = _resolve_task(task, "make_preference_pairs")
+    task = resolve_task(task, "make_preference_pairs")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"make_preference_pairs: `n` must be a positive int, got {n!r}")
     sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
@@ -259,7 +259,7 @@ def make_policy_pairs(
     exclude: set | None = None,  # prompts (formatted) to skip, e.g. held-out questions
 ) -> list[PreferencePair]:
     "Pairs (prompt, correct answer) > (prompt, a completion the policy sampled and the task's `check` rejects)."
-    task = _resolve_task(task, "make_policy_pairs")
+    task = resolve_task(task, "make_policy_pairs")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"make_policy_pairs: `n` must be a positive int, got {n!r}")
     gen = GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0, num_return_sequences=samples_per_prompt)
@@ -367,7 +367,7 @@ _RM_LOCK = threading.Lock()
 
 def tiny_reward_model_path(task="addition", seed: int = 0, cache_dir=None, **recipe) -> Path:
     "The cache folder of the tiny reward model for these settings."
-    task = _resolve_task(task, "tiny_reward_model_path")
+    task = resolve_task(task, "tiny_reward_model_path")
     key = dict(version=TINY_RM_VERSION, task=task.name, params=getattr(task, "params", None),
                **{**TINY_RM_DEFAULTS, **recipe})
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:10]
@@ -416,7 +416,7 @@ def load_tiny_reward_model(
     unknown = sorted(set(recipe) - set(TINY_RM_DEFAULTS))
     if unknown:
         raise ValueError(f"load_tiny_reward_model: unknown recipe keys {unknown}; known: {sorted(TINY_RM_DEFAULTS)}")
-    task = _resolve_task(task, "load_tiny_reward_model")
+    task = resolve_task(task, "load_tiny_reward_model")
     recipe = {**TINY_RM_DEFAULTS, **recipe}
     path = tiny_reward_model_path(task, seed, cache_dir, **recipe)
     complete = lambda folder: (folder / RM_SUMMARY_FILE).exists()

@@ -16,10 +16,11 @@ from .core import Batch, Generation, Rollout, group_stats
 from .tasks import parse_number
 
 # %% auto #0
-__all__ = ['NORMALIZERS', 'compute_scalar_reward', 'compute_vector_reward', 'trl_reward', 'compute_batch_rewards',
-           'mean_aggregator', 'min_aggregator', 'max_aggregator', 'weighted_sum_aggregator', 'aggregate_vector_rewards',
-           'zscore_normalizer', 'minmax_normalizer', 'rank_normalizer', 'normalize_rewards', 'pareto_ranks',
-           'pareto_reward', 'apply_reward_shaping', 'kl_penalty_shaping', 'format_reward', 'exact_match_reward',
+__all__ = ['NORMALIZERS', 'check_scalar_reward', 'check_vector_reward', 'call_reward_fn', 'compute_scalar_reward',
+           'compute_vector_reward', 'trl_reward', 'compute_batch_rewards', 'mean_aggregator', 'min_aggregator',
+           'max_aggregator', 'weighted_sum_aggregator', 'aggregate_vector_rewards', 'zscore_normalizer',
+           'minmax_normalizer', 'rank_normalizer', 'normalize_rewards', 'pareto_ranks', 'pareto_reward',
+           'apply_reward_shaping', 'kl_penalty_shaping', 'format_reward', 'exact_match_reward', 'policy_length',
            'length_penalty_reward', 'tool_usage_reward', 'create_reward_transform']
 
 # %% ../nbs/22_rewards.ipynb #c426d95c
@@ -36,7 +37,7 @@ def _where(index) -> str:
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # rewards are float32 tensors from collation on
 
 
-def _check_scalar(value, caller: str, fn, index=None, kind: str = "reward function") -> float:
+def check_scalar_reward(value, caller: str, fn, index=None, kind: str = "reward function") -> float:
     "`value` as a finite float in float32's range, or a ValueError naming `caller`, the function `fn` and the rollout."
     who = f"{kind} `{_fn_name(fn)}` returned"
     if not (isinstance(value, numbers.Real) or (getattr(value, "ndim", None) == 0 and hasattr(value, "item"))):
@@ -55,7 +56,7 @@ def _check_scalar(value, caller: str, fn, index=None, kind: str = "reward functi
     return x
 
 
-def _check_vector(value, caller: str, fn, index=None) -> list[float]:
+def check_vector_reward(value, caller: str, fn, index=None) -> list[float]:
     "`value` as a non-empty list of finite floats (from a list, tuple, 1-d tensor or array)."
     if isinstance(value, (list, tuple)): items = list(value)
     elif getattr(value, "ndim", None) == 1 and hasattr(value, "tolist"): items = value.tolist()
@@ -65,10 +66,10 @@ def _check_vector(value, caller: str, fn, index=None) -> list[float]:
                          f"{_where(index)}; expected a vector (list or 1-d tensor) of finite numbers")
     if len(items) == 0:
         raise ValueError(f"{caller}: reward function `{_fn_name(fn)}` returned an empty vector for {_where(index)}")
-    return [_check_scalar(v, caller, fn, index) for v in items]
+    return [check_scalar_reward(v, caller, fn, index) for v in items]
 
 
-def _call(fn, rollout, caller: str, index=None):
+def call_reward_fn(fn, rollout, caller: str, index=None):
     "Call `fn(rollout)`; if it raises, add a note saying which function and rollout (the exception type is kept)."
     try: return fn(rollout)
     except Exception as e:
@@ -85,7 +86,7 @@ def compute_scalar_reward(
     "`reward_fn(rollout)` as a checked finite float."
     if not callable(reward_fn):
         raise TypeError(f"compute_scalar_reward: `reward_fn` must be callable, got {type(reward_fn).__name__}")
-    return _check_scalar(_call(reward_fn, rollout, "compute_scalar_reward", index), "compute_scalar_reward",
+    return check_scalar_reward(call_reward_fn(reward_fn, rollout, "compute_scalar_reward", index), "compute_scalar_reward",
                          reward_fn, index)
 
 # %% ../nbs/22_rewards.ipynb #a35079ac
@@ -97,11 +98,11 @@ def compute_vector_reward(
 ) -> list[float]:
     "The rollout's reward vector: one checked float per objective."
     caller = "compute_vector_reward"
-    if callable(reward_fns): return _check_vector(_call(reward_fns, rollout, caller, index), caller, reward_fns, index)
+    if callable(reward_fns): return check_vector_reward(call_reward_fn(reward_fns, rollout, caller, index), caller, reward_fns, index)
     if not isinstance(reward_fns, (list, tuple)) or len(reward_fns) == 0 or not all(callable(f) for f in reward_fns):
         raise TypeError(f"{caller}: `reward_fns` must be a non-empty list of callables "
                         "or one callable returning a vector")
-    return [_check_scalar(_call(f, rollout, caller, index), caller, f, index) for f in reward_fns]
+    return [check_scalar_reward(call_reward_fn(f, rollout, caller, index), caller, f, index) for f in reward_fns]
 
 # %% ../nbs/22_rewards.ipynb #221f6e1b
 def trl_reward(
@@ -120,7 +121,7 @@ def trl_reward(
         if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or len(out) != 1:
             raise ValueError(f"trl_reward: `{_fn_name(reward_func)}` returned {out!r}; a TRL reward function returns "
                              "a list with one number per completion (here one completion)")
-        return _check_scalar(out[0], "trl_reward", reward_func)
+        return check_scalar_reward(out[0], "trl_reward", reward_func)
     reward_fn.__name__ = f"trl_reward({_fn_name(reward_func)})"
     return reward_fn
 
@@ -395,7 +396,7 @@ def apply_reward_shaping(
                 if hasattr(e, "add_note"):
                     e.add_note(f"{caller}: raised by shaping function `{_fn_name(shaping_fn)}` on {_where(idx(i))}")
                 raise
-            return _check_scalar(value, caller, shaping_fn, idx(i), kind="shaping function")
+            return check_scalar_reward(value, caller, shaping_fn, idx(i), kind="shaping function")
         out = [shape_one(i) for i in range(len(rs))]
     return out[0] if single else torch.tensor(out, dtype=torch.float32)
 
@@ -459,7 +460,7 @@ def exact_match_reward(
     return float(pred == ref)
 
 # %% ../nbs/22_rewards.ipynb #18123bd3
-def _policy_length(rollout: Rollout) -> int:
+def policy_length(rollout: Rollout) -> int:
     "Tokens the policy produced in this rollout (characters of the text when no token ids are known)."
     if rollout.loss_mask is not None: return int(sum(rollout.loss_mask))
     if len(rollout.token_ids) > 0: return len(rollout.token_ids)
@@ -483,7 +484,7 @@ def length_penalty_reward(
                          f"[0, max_length - buffer_length = {max_length - buffer_length}], got {min_length}")
     soft = max_length - buffer_length
     def length_penalty_reward(rollout: Rollout) -> float:
-        n = (length_fn or _policy_length)(rollout)
+        n = (length_fn or policy_length)(rollout)
         if n > max_length: return -1.0
         if n > soft: return -(n - soft) / buffer_length  # buffer_length > 0 here
         if n < min_length: return -(min_length - n) / min_length

@@ -14,18 +14,18 @@ import torch
 from torch import Tensor
 
 from .tasks import TaskExample
-from .core import (_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState,
-                       _check_seed, check_tool_calls, collate, model_device, pad_token_id)
+from .core import (CONFIG_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState,
+                       check_seed, check_tool_calls, collate, model_device, pad_token_id)
 from .chat import format_prompt
 from .generation import batch_generate
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, get_reference_logprobs
-from .rewards import _call, _check_scalar, _check_vector
+from .rewards import call_reward_fn, check_scalar_reward, check_vector_reward
 
 # %% auto #0
-__all__ = ['check_ordered', 'score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe', 'create_rollout',
-           'create_rollout_fn', 'DataBuffer', 'create_prompt_loader', 'greedy_rollouts', 'evaluate_accuracy',
-           'create_eval_fn']
+__all__ = ['check_ordered', 'prompt_inputs', 'checked_reward', 'score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe',
+           'create_rollout', 'create_rollout_fn', 'DataBuffer', 'create_prompt_loader', 'split_prompts',
+           'greedy_rollouts', 'evaluate_accuracy', 'create_eval_fn']
 
 # %% ../nbs/24_rollouts.ipynb #5038b018
 def _unordered(x) -> bool:
@@ -52,7 +52,7 @@ def _as_list(x, name: str, fn: str) -> list:
     return list(x)
 
 
-def _prompt_inputs(
+def prompt_inputs(
     prompts: Sequence,  # strings, records with `.prompt` (and `.answer`), or Conversations
     tokenizer,  # the policy's tokenizer (its chat template formats the prompts)
     answers: Sequence | None = None,  # one reference answer per prompt, or None
@@ -91,12 +91,12 @@ def _prompt_inputs(
     return texts, questions, outs, convs
 
 # %% ../nbs/24_rollouts.ipynb #3a02661a
-def _checked_reward(reward_fn: Callable, rollout: Rollout, index: int, fn: str = "create_batch_rollouts"):
+def checked_reward(reward_fn: Callable, rollout: Rollout, index: int, fn: str = "create_batch_rollouts"):
     "`reward_fn(rollout)` checked as rlnb.rewards checks it: a finite float, or a tuple of finite floats for a vector."
-    value = _call(reward_fn, rollout, fn, index)
+    value = call_reward_fn(reward_fn, rollout, fn, index)
     if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
-        return tuple(_check_vector(value, fn, reward_fn, index))
-    return _check_scalar(value, fn, reward_fn, index)
+        return tuple(check_vector_reward(value, fn, reward_fn, index))
+    return check_scalar_reward(value, fn, reward_fn, index)
 
 # %% ../nbs/24_rollouts.ipynb #8aa95225
 def score_rollouts(
@@ -165,7 +165,7 @@ def create_batch_rollouts(
     n = gen_config.num_return_sequences
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"{fn}: `gen_config.num_return_sequences` must be a positive int, got {n!r}")
-    texts, questions, answers, convs = _prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
+    texts, questions, answers, convs = prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
     kw = {} if batch_size is None else {"batch_size": batch_size}
     gens = batch_generate(model, tokenizer, texts, gen_config, generator=generator, **kw)
     if len(gens) != len(texts) * n:
@@ -185,7 +185,7 @@ def create_batch_rollouts(
             metadata={"prompt_index": i, "sample_index": k % n, "question": questions[i],
                       "finish_reason": g.finish_reason}))
     if reward_fn is not None:
-        rollouts = [r._replace(rewards=_checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
+        rollouts = [r._replace(rewards=checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
     if ref_model is not None:
         rollouts = score_rollouts(rollouts, model, tokenizer, ref_model, temperature=gen_config.temperature)
     return Batch(rollouts, {"num_prompts": len(texts), "group_size": n, "gen_config": gen_config})
@@ -263,7 +263,7 @@ class DataBuffer:
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
             raise TypeError(f"DataBuffer: `prompts` must be a list of prompts, got {type(prompts).__name__}")
         check_ordered(prompts, "prompts", "DataBuffer")
-        self.prompts, self.seed, self.drawn = list(prompts), _check_seed(seed, "DataBuffer"), 0
+        self.prompts, self.seed, self.drawn = list(prompts), check_seed(seed, "DataBuffer"), 0
         if not self.prompts: raise ValueError("DataBuffer: `prompts` is empty; expected at least one prompt")
         self._cached = (-1, None)  # (epoch, its order)
 
@@ -317,10 +317,10 @@ def create_prompt_loader(
     "A `prompt_loader(iteration) -> prompts`: deterministic in (seed, iteration), so resumed runs see the same prompts."
     if not isinstance(prompts_per_step, int) or isinstance(prompts_per_step, bool) or prompts_per_step < 1:
         raise ValueError(f"create_prompt_loader: `prompts_per_step` must be an int >= 1, got {prompts_per_step!r}")
-    if prompts_per_step > _MAXIMA["prompts_per_step"]:
-        raise ValueError(f"create_prompt_loader: `prompts_per_step` must be <= {_MAXIMA['prompts_per_step']:,} "
+    if prompts_per_step > CONFIG_MAXIMA["prompts_per_step"]:
+        raise ValueError(f"create_prompt_loader: `prompts_per_step` must be <= {CONFIG_MAXIMA['prompts_per_step']:,} "
                          f"(TrainingConfig's limit), got {prompts_per_step:,}")
-    _check_seed(seed, "create_prompt_loader")
+    check_seed(seed, "create_prompt_loader")
     if hasattr(source, "sample"):
         return lambda iteration: source.sample(prompts_per_step, seed=seed * 1_000_003 + iteration)
     if hasattr(source, "__len__") and not isinstance(source, (str, bytes)) and len(source) == 0:
@@ -329,7 +329,7 @@ def create_prompt_loader(
     return lambda iteration: buffer.prompts_at(iteration * prompts_per_step, prompts_per_step)
 
 # %% ../nbs/24_rollouts.ipynb #6fa07efe
-def _split_prompts(items, fn: str = "train") -> list:
+def split_prompts(items, fn: str = "train") -> list:
     "prompt_loader output -> a list of prompts; a (prompts, answers) pair of strings becomes TaskExamples."
     if isinstance(items, tuple) and len(items) == 2 and not hasattr(items, "_fields"):
         prompts, answers = list(items[0]), list(items[1])

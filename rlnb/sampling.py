@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from .core import Batch, Rollout, TrainingConfig
 from .rollouts import DataBuffer
-from .rewards import _policy_length, aggregate_vector_rewards, compute_scalar_reward, length_penalty_reward
+from .rewards import policy_length, aggregate_vector_rewards, compute_scalar_reward, length_penalty_reward
 
 # %% auto #0
 __all__ = ['batch_groups', 'nonzero_std_filter', 'min_reward_filter', 'diversity_filter', 'length_filter', 'combine_filters',
@@ -92,7 +92,7 @@ def length_filter(
                          f"got {max_tokens!r}")
     def length_filter(group: Sequence[Rollout]) -> bool:
         for r in group:
-            n = _policy_length(r)
+            n = policy_length(r)
             if n < min_tokens or (max_tokens is not None and n > max_tokens): return False
             if drop_truncated and r.status == "truncated": return False
         return True

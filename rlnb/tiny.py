@@ -19,7 +19,8 @@ from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION', 'DEFAULT_TINY_CONFIG', 'DEFAULT_SFT_CONFIG',
            'DEFAULT_SFT_STEPS', 'DEFAULT_SFT_STEPS_OTHER', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols',
-           'build_tokenizer', 'build_tiny_model', 'tiny_cache_dir', 'tiny_cache_path', 'load_tiny_model']
+           'build_tokenizer', 'build_tiny_model', 'resolve_task', 'tiny_cache_dir', 'tiny_cache_path',
+           'load_tiny_model']
 
 # %% ../nbs/16_tiny.ipynb #a6a16885
 # control tokens, skipped by `skip_special_tokens`
@@ -108,7 +109,7 @@ def build_tiny_model(
     return model.float().eval()
 
 # %% ../nbs/16_tiny.ipynb #c2fb2319
-def _resolve_task(task, fn: str = "load_tiny_model"):
+def resolve_task(task, fn: str = "load_tiny_model"):
     "A Task from a task name or a Task."
     if isinstance(task, str):
         from rlnb.tasks import get_task
@@ -149,7 +150,7 @@ def tiny_cache_path(
     sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG`
 ) -> Path:
     "The folder `load_tiny_model` uses for these settings."
-    task = _resolve_task(task)
+    task = resolve_task(task)
     steps = _default_steps(task) if steps is None else steps
     key = dict(version=TINY_FORMAT_VERSION, model={**DEFAULT_TINY_CONFIG, **(model_config or {})},
                sft={**DEFAULT_SFT_CONFIG, **(sft_config or {})}, task=task.name,
@@ -199,7 +200,7 @@ def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str
 
 def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    task = _resolve_task(task)
+    task = resolve_task(task)
     if steps is None: steps = _default_steps(task)
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"load_tiny_model: `steps` must be a positive int, got {steps!r}")

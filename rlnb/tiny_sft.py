@@ -11,11 +11,11 @@ import inspect, json, os, time
 from pathlib import Path
 
 from .cache import quiet_progress_bars
-from .checkpoints import _rng_state, _set_rng_state
+from .checkpoints import rng_state, set_rng_state
 from .loggers import create_jsonl_logger, load_metrics
 from .rollouts import evaluate_accuracy
 from .sft import sft
-from .tiny import (DEFAULT_SFT_CONFIG, DEFAULT_TINY_CONFIG, METRICS_FILE, SUMMARY_FILE, _resolve_task,
+from .tiny import (DEFAULT_SFT_CONFIG, DEFAULT_TINY_CONFIG, METRICS_FILE, SUMMARY_FILE, resolve_task,
                        build_tiny_model, build_tokenizer, tiny_cache_path)
 from .training import default_num_threads
 
@@ -54,7 +54,7 @@ def sft_tiny_model(
     progress: bool = True,  # text progress lines
 ):  # the metrics DataFrame of the run (loss/sft per step, eval/accuracy at evaluations)
     "SFT of `model` on `task` with `rlnb.sft.sft`, measuring greedy accuracy on held-out prompts and stopping early."
-    task = _resolve_task(task, "sft_tiny_model")
+    task = resolve_task(task, "sft_tiny_model")
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"sft_tiny_model: `steps` must be a positive int, got {steps!r}")
     sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
@@ -64,14 +64,14 @@ def sft_tiny_model(
         eval_fn = lambda state: {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, held_out, task.check,
                                                                     system_prompt=sp)}
     stop_fn = None if stop_at_accuracy is None else lambda state, m: m.get("eval/accuracy", -1.0) >= stop_at_accuracy
-    rng = _rng_state()
+    rng = rng_state()
     try:
         _, metrics = sft(model, tokenizer, train, num_iterations=steps, batch_size=batch_size,
                          learning_rate=learning_rate, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,
                          system_prompt=sp, eval_fn=eval_fn, eval_every=eval_every if eval_fn else 0, stop_fn=stop_fn,
                          logger=logger, num_threads=num_threads, progress=progress)
     finally:
-        _set_rng_state(rng)
+        set_rng_state(rng)
         model.eval()
     return metrics
 

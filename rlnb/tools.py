@@ -14,18 +14,19 @@ from typing import Any, Callable, Sequence
 from .cache import die_with_parent
 from .core import Conversation, Generation, GenerationConfig, Message, check_tool_calls
 from .tasks import safe_eval
-from .chat import _as_conversation, apply_chat_template
+from .chat import as_conversation, apply_chat_template
 from .generation import generate
 
 # %% auto #0
-__all__ = ['MAX_TOOL_CALLS', 'parse_json_tool_calls', 'extract_tool_calls', 'calculator', 'execute_tools',
+__all__ = ['MAX_TOOL_CALLS', 'tool_error', 'loads_model_json', 'parse_function_call', 'parse_json_tool_calls',
+           'extract_tool_calls', 'calculator', 'tool_runner', 'each_tool_result', 'execute_tools',
            'generate_conversation_turn']
 
 # %% ../nbs/50_tools.ipynb #5b58fa9f
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 
 
-def _tool_error(raw: str, message: str, max_chars: int) -> dict:
+def tool_error(raw: str, message: str, max_chars: int) -> dict:
     return {"name": None, "arguments": {}, "raw": raw[:max_chars], "error": message}
 
 
@@ -53,7 +54,7 @@ def _finite_float(text: str) -> float:
 def _reject_constant(name: str): raise ValueError(f"{name} is not a JSON number")
 
 
-def _loads(text: str, max_depth: int):
+def loads_model_json(text: str, max_depth: int):
     "json.loads for model text: bounded nesting, finite numbers, valid unicode. Every failure is a ValueError."
     if _nesting_depth(text) > max_depth: raise ValueError(f"nested deeper than max_depth={max_depth}")
     try: obj = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
@@ -65,17 +66,17 @@ def _loads(text: str, max_depth: int):
     return obj
 
 
-def _function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
+def parse_function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
     "One parsed JSON call object -> a call dict (or an error dict), OpenAI's {\"function\": {...}} wrapper unwrapped."
     if isinstance(obj, dict) and isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
         obj = {**obj["function"], **({"id": obj["id"]} if "id" in obj else {})}
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return _tool_error(raw, 'expected {"name": "...", "arguments": {...}}', max_chars)
+        return tool_error(raw, 'expected {"name": "...", "arguments": {...}}', max_chars)
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
-        try: args = _loads(args, max_depth)
-        except ValueError as e: return _tool_error(raw, f"invalid JSON in `arguments`: {e}", max_chars)
-    if not isinstance(args, dict): return _tool_error(raw, "`arguments` must be a JSON object", max_chars)
+        try: args = loads_model_json(args, max_depth)
+        except ValueError as e: return tool_error(raw, f"invalid JSON in `arguments`: {e}", max_chars)
+    if not isinstance(args, dict): return tool_error(raw, "`arguments` must be a JSON object", max_chars)
     return {"name": obj["name"], "arguments": args, "raw": raw, **({"id": str(obj["id"])} if "id" in obj else {})}
 
 
@@ -90,13 +91,13 @@ def parse_json_tool_calls(
     calls = []
     for match in _TOOL_CALL_RE.finditer(text):
         raw = match.group(1).strip()
-        if not match.group(2): calls.append(_tool_error(raw, "unclosed <tool_call> block", max_chars)); continue
+        if not match.group(2): calls.append(tool_error(raw, "unclosed <tool_call> block", max_chars)); continue
         if len(raw) > max_chars:
-            calls.append(_tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
+            calls.append(tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
             continue
-        try: obj = _loads(raw, max_depth)
-        except ValueError as e: calls.append(_tool_error(raw, f"invalid JSON: {e}", max_chars)); continue
-        calls.append(_function_call(obj, raw, max_chars, max_depth))
+        try: obj = loads_model_json(raw, max_depth)
+        except ValueError as e: calls.append(tool_error(raw, f"invalid JSON: {e}", max_chars)); continue
+        calls.append(parse_function_call(obj, raw, max_chars, max_depth))
     return calls
 
 
@@ -248,7 +249,7 @@ def _run_in_thread(job: Callable[[], dict], timeout_s: float) -> dict | str:
     return box[0] if box else f"TimeoutError: no result within {timeout_s} s"
 
 
-def _tool_runner(fn: str, tool_calls, tool_executor, tools, timeout_s) -> tuple[list, Callable]:
+def tool_runner(fn: str, tool_calls, tool_executor, tools, timeout_s) -> tuple[list, Callable]:
     "`execute_tools`' arguments checked: the calls as a list, and the `call -> value` function that runs one."
     if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
         raise TypeError(f"{fn}: `tool_calls` must be a list of parsed calls (dicts), got {type(tool_calls).__name__}")
@@ -262,7 +263,7 @@ def _tool_runner(fn: str, tool_calls, tool_executor, tools, timeout_s) -> tuple[
     return list(tool_calls), tool_executor if tool_executor is not None else (lambda call: _call_tool(call, tools))
 
 
-def _each_result(calls: list, run: Callable, timeout_s: float | None) -> Iterator[tuple[dict, dict]]:
+def each_tool_result(calls: list, run: Callable, timeout_s: float | None) -> Iterator[tuple[dict, dict]]:
     "(call, its result) for each call, run when asked for (a caller can time it); calls past MAX_TOOL_CALLS do not run."
     for k, call in enumerate(calls):
         base = {"name": call.get("name") if isinstance(call, dict) else None,
@@ -288,8 +289,8 @@ def execute_tools(
     timeout_s: float | None = 10.0,
 ) -> list[dict]:
     "Run tool calls; one result dict per call: name, content (str), error (None or a message), and the call's id."
-    calls, run = _tool_runner("execute_tools", tool_calls, tool_executor, tools, timeout_s)
-    return [result for _, result in _each_result(calls, run, timeout_s)]
+    calls, run = tool_runner("execute_tools", tool_calls, tool_executor, tools, timeout_s)
+    return [result for _, result in each_tool_result(calls, run, timeout_s)]
 
 # %% ../nbs/50_tools.ipynb #08816add
 def generate_conversation_turn(
@@ -303,7 +304,7 @@ def generate_conversation_turn(
     enable_thinking: bool | None = None,  # Qwen3-style thinking switch, for templates that use it
 ) -> tuple[Conversation, Generation]:
     "Generate the assistant's next turn; returns the extended conversation (with parsed tool calls) and the generation."
-    conversation = _as_conversation(conversation, "generate_conversation_turn")
+    conversation = as_conversation(conversation, "generate_conversation_turn")
     prompt = apply_chat_template(conversation, tokenizer, template_fn=template_fn, enable_thinking=enable_thinking)
     generation = generate(model, tokenizer, prompt, config, generator=generator)
     calls = extract_tool_calls(generation, tool_parser)

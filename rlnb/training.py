@@ -22,7 +22,7 @@ from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
 from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn,
-                           _split_prompts)
+                           split_prompts)
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
@@ -803,7 +803,7 @@ def _eval_stats(lr: float, metrics: Mapping[str, float]) -> TrainingStats:
 
 def _next_prompts(prompt_loader: Callable, iteration: int, fn: str = "train") -> list:
     "This iteration's prompts from `prompt_loader`: at least one."
-    prompts = _split_prompts(prompt_loader(iteration), fn)
+    prompts = split_prompts(prompt_loader(iteration), fn)
     if not prompts:
         raise ValueError(f"{fn}: `prompt_loader` returned no prompts at iteration {iteration}; expected at least one")
     return prompts

@@ -16,7 +16,7 @@ from .core import Batch, Rollout, collate, group_stats, model_device, pad_token_
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, get_reference_logprobs
 from .algorithms import compute_advantages
-from .widgets import _colors, _groups, _question, _reward
+from .widgets import value_colors, rollout_groups, rollout_question, rollout_reward
 
 # %% auto #0
 __all__ = ['QUANTITY_STYLES', 'token_values', 'tokens_html', 'colorbar_html', 'rollout_html', 'group_html', 'RolloutViewer',
@@ -130,7 +130,7 @@ def tokens_html(
         style, tip = "", ""
         if mask is not None and not mask[i]: style, tip = _MASKED, "not trained (loss_mask 0)"
         elif values is not None and math.isfinite(values[i]):
-            bg, fg = _colors(values[i], lo, hi, cmap)
+            bg, fg = value_colors(values[i], lo, hi, cmap)
             style, tip = f"background:{bg};color:{fg}", f"{label} = {values[i]:.4g}"
         spans.append(f'<span class="rlnb-tok" style="{style};padding:1px 0;border-right:1px solid #fff" '
                      f'title="{html.escape(tip)}">{_visible(text)}</span>')
@@ -145,7 +145,7 @@ def colorbar_html(
     label: str = "value",  # the quantity's name
 ) -> str:
     "A horizontal colour bar for `tokens_html`'s colours, with the masked-token swatch beside it."
-    stops = ", ".join(_colors(vmin + (vmax - vmin) * k / 8, vmin, vmax, cmap)[0] for k in range(9))
+    stops = ", ".join(value_colors(vmin + (vmax - vmin) * k / 8, vmin, vmax, cmap)[0] for k in range(9))
     return (f'<div class="rlnb-colorbar" style="font:12px sans-serif;margin:4px 0">{html.escape(label)} '
             f'<span>{vmin:.3g}</span> <span style="display:inline-block;width:160px;height:10px;vertical-align:middle;'
             f'background:linear-gradient(to right, {stops})"></span> <span>{vmax:.3g}</span> &nbsp; '
@@ -205,19 +205,19 @@ def group_html(
     fn = "group_html"
     if quantity not in values:
         raise ValueError(f"{fn}: `quantity`={quantity!r} is not computed; choose one of {sorted(values)}")
-    groups = _groups(rollouts)
+    groups = rollout_groups(rollouts)
     key = next(iter(groups)) if group is None else group
     if key not in groups: raise ValueError(f"{fn}: no group {group!r} in the batch; groups: {list(groups)}")
     idx, masks, adv = groups[key], values.get("loss_mask"), values.get("advantage")
     cmap, centred = QUANTITY_STYLES.get(quantity, ("viridis", False))
     vmin, vmax = _scale(values[quantity], masks, centred)  # over the whole batch: one colour, one value
-    stats = group_stats(torch.tensor([_reward(rollouts[i]) for i in idx]), unbiased=True)  # as GRPO's baseline
+    stats = group_stats(torch.tensor([rollout_reward(rollouts[i]) for i in idx]), unbiased=True)  # as GRPO's baseline
     first = rollouts[idx[0]]
     head = (f'<div style="font:13px sans-serif"><b>{html.escape(_group_name(key))}</b> &middot; {len(idx)} completions'
             f" &middot; reward mean {stats.mean[0].item():.3f}, std {stats.std[0].item():.3f} &middot; answer "
             f"<code>{html.escape(str(first.answer))}</code></div>"
             f'<div style="white-space:pre-wrap;font-family:monospace;background:#f6f6f6;padding:4px;margin:4px 0">'
-            f"{html.escape(_question(first))}</div>"
+            f"{html.escape(rollout_question(first))}</div>"
             f'<details style="font:12px sans-serif"><summary style="cursor:pointer;color:#555">the prompt as the model'
             f' saw it</summary><pre style="white-space:pre-wrap">{html.escape(first.prompt)}</pre></details>')
     cards = [rollout_html(rollouts[i], tokens[i], values[quantity][i], masks[i] if masks else None, quantity, cmap,
@@ -272,10 +272,10 @@ def view_rollouts(
     if quantity not in vals: raise ValueError(f"{fn}: `quantity`={quantity!r} is not available; choose one of {order}")
     if tokenizer is None: texts = [[f"⟨{t}⟩" for t in r.token_ids] for r in rollouts]
     else: texts = [tokenizer.batch_decode([[t] for t in r.token_ids], skip_special_tokens=False) for r in rollouts]
-    groups = _groups(rollouts)
+    groups = rollout_groups(rollouts)
     if group is not None and group not in groups:
         raise ValueError(f"{fn}: no group {group!r} in the batch; groups: {list(groups)}")
-    mean = lambda idx: sum(_reward(rollouts[j]) for j in idx) / len(idx)
+    mean = lambda idx: sum(rollout_reward(rollouts[j]) for j in idx) / len(idx)
     labels = [(f"{_group_name(k)}: {len(idx)} completions, mean reward {mean(idx):.2f}", k)
               for k, idx in groups.items()]
     pick = widgets.Dropdown(options=labels, value=next(iter(groups)) if group is None else group, description="group",

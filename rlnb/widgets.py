@@ -12,10 +12,11 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from .core import Batch, Rollout, TrainingState, TrainingStats
-from .loggers import _LABELS, metrics_record
+from .loggers import METRIC_LABELS, metrics_record
 
 # %% auto #0
-__all__ = ['DASHBOARD_PANELS', 'draw_dashboard', 'metrics_html', 'samples_html', 'create_dashboard_logger']
+__all__ = ['DASHBOARD_PANELS', 'draw_dashboard', 'metrics_html', 'rollout_reward', 'rollout_groups', 'rollout_question',
+           'value_colors', 'samples_html', 'create_dashboard_logger']
 
 # %% ../nbs/62_widgets.ipynb #e0f9ce7b
 DASHBOARD_PANELS = ("reward/mean", "eval/accuracy", "kl/mean", "loss/total", "time/step_s", "grad_norm")  # a plot each
@@ -47,7 +48,7 @@ def _dashboard_axes(fig, panels: Sequence[str]) -> list:
     fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.3 / h, bottom=0.5 / h, wspace=0.3, hspace=0.6)
     for ax, key in zip(axes, panels):
         ax.set_label(key)
-        ax.set_title(_LABELS.get(key, key), fontsize=10)
+        ax.set_title(METRIC_LABELS.get(key, key), fontsize=10)
         ax.set_xlabel("optimizer step", fontsize=8); ax.tick_params(labelsize=8); ax.grid(alpha=0.3)
         if key in _SECOND_LINE: ax.set_ylabel("seconds", fontsize=8)
         ax.plot([], [], color="C0", alpha=0.3, lw=1); ax.plot([], [], color="C0", lw=1.8, ms=3)
@@ -140,13 +141,13 @@ def metrics_html(
             f'<table style="border-collapse:collapse">{"".join(rows)}</table>{rest}</div>')
 
 # %% ../nbs/62_widgets.ipynb #45cd3bd4
-def _reward(r: Rollout) -> float:
+def rollout_reward(r: Rollout) -> float:
     "A rollout's reward as one number (the mean of a vector reward)."
     v = r.rewards.tolist() if isinstance(r.rewards, torch.Tensor) else r.rewards
     return float(sum(v) / len(v)) if isinstance(v, (list, tuple)) else float(v)
 
 
-def _groups(rollouts: Sequence[Rollout]) -> dict:
+def rollout_groups(rollouts: Sequence[Rollout]) -> dict:
     "group label -> indices of its rollouts, in order of first appearance (no group_index: a group of its own)."
     out: dict = {}
     for i, r in enumerate(rollouts):
@@ -154,12 +155,12 @@ def _groups(rollouts: Sequence[Rollout]) -> dict:
     return out
 
 
-def _question(r: Rollout) -> str:
+def rollout_question(r: Rollout) -> str:
     "The question as a person would read it (before the chat template), else the prompt."
     return str((r.metadata or {}).get("question") or r.prompt)
 
 
-def _colors(value: float, vmin: float, vmax: float, cmap: str = "viridis") -> tuple[str, str]:
+def value_colors(value: float, vmin: float, vmax: float, cmap: str = "viridis") -> tuple[str, str]:
     "(background, text) hex colours for `value` on `cmap` over [vmin, vmax]; dark backgrounds get white text."
     from matplotlib import colormaps
     t = 0.5 if vmax <= vmin else min(1.0, max(0.0, (value - vmin) / (vmax - vmin)))
@@ -180,17 +181,17 @@ def samples_html(
 ) -> str:
     "A few completions of a batch with their rewards, as an escaped HTML table, the most informative groups first."
     if not rollouts: return '<div class="rlnb-samples" style="color:#888;font:13px sans-serif">no samples yet</div>'
-    rewards = [_reward(r) for r in rollouts]
+    rewards = [rollout_reward(r) for r in rollouts]
     spread = lambda idx: max(rewards[i] for i in idx) - min(rewards[i] for i in idx)
-    groups = sorted(_groups(rollouts).values(), key=spread, reverse=True)[:num_groups]
+    groups = sorted(rollout_groups(rollouts).values(), key=spread, reverse=True)[:num_groups]
     rows = []
     for idx in groups:
         shown, mean = idx[:per_group], sum(rewards[i] for i in idx) / len(idx)
         for k, i in enumerate(shown):
             pad = (max(rewards) - min(rewards)) * 0.25  # keep to the paler middle of the colour map
-            r, (bg, fg) = rollouts[i], _colors(rewards[i], min(rewards) - pad, max(rewards) + pad, "RdYlGn")
+            r, (bg, fg) = rollouts[i], value_colors(rewards[i], min(rewards) - pad, max(rewards) + pad, "RdYlGn")
             text = r.generation.text if r.generation is not None else ""
-            cells = [_cell(html.escape(_question(r)), "white-space:pre-wrap", len(shown))] if k == 0 else []
+            cells = [_cell(html.escape(rollout_question(r)), "white-space:pre-wrap", len(shown))] if k == 0 else []
             cells += [_cell(html.escape(text), "white-space:pre-wrap;font-family:monospace"),
                       _cell(html.escape(str(r.answer))),
                       _cell(_number(rewards[i]), f"background:{bg};color:{fg};text-align:right")]
