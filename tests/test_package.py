@@ -11,6 +11,7 @@ PUBLIC = {
     "core": "ModelConfig GenerationConfig Message Conversation Generation Rollout Batch TrainingConfig TrainingStats "
             "TrainingState CollatedBatch collate set_seed rollouts_to_jsonl rollouts_from_jsonl create_training_config "
             "model_device pad_token_id is_peft_model group_stats",
+    "checks": "check_2d check_finite check_finite_number rewards_1d resolve_group_ids",
     "cache": "default_cache_dir build_atomically load_from_folder LOCK_FILE FolderInUseError lock_holder folder_lock",
     "tasks": "get_task list_tasks load_jsonl_dataset extract_gsm8k_answer extract_number",
     "models": "load_model load_tokenizer apply_lora MODEL_LOADERS TOKENIZER_LOADERS",
