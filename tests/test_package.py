@@ -41,7 +41,7 @@ PUBLIC = {
                   "get_algorithm_config",
     "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss "
                  "create_dapo_config gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
-    "dpo": "compute_dpo_pairs compute_dpo_loss dpo_policy_loss",
+    "dpo": "compute_dpo_pairs compute_dpo_loss dpo_loss",
     "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages "
            "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
