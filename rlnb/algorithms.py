@@ -10,64 +10,23 @@ import inspect, math
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
+import pandas as pd
 import torch
 from torch import Tensor
 
-from .core import Batch, CollatedBatch, collate, group_stats
+from .checks import check_2d, check_finite, check_finite_number, resolve_group_ids, rewards_1d
+from .core import Batch, CollatedBatch, Rollout, collate, group_stats, set_seed
 from .kl import KL_ESTIMATORS, check_kl_values, kl_k3
 
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
-           'aggregate_loss', 'grpo_loss', 'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec',
-           'create_algorithm_config', 'create_grpo_config', 'compute_batch_advantages', 'compute_loss_by_algorithm',
-           'get_algorithm_config']
-
-# %% ../nbs/30_algorithms.ipynb #172e3d3a
-_SCALES = ("group", "batch", "none")
-
-def _rewards_1d(fn: str, rewards) -> Tensor:
-    "Rewards as a float (B,) tensor without grad, or a clear error."
-    try:
-        r = (torch.as_tensor(rewards, dtype=torch.float32) if not isinstance(rewards, Tensor)
-             else rewards.detach().float())
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{fn}: `rewards` must be a (B,) tensor or list of numbers, "
-                         f"got {type(rewards).__name__} ({e})") from None
-    if r.ndim != 1:
-        raise ValueError(f"{fn}: `rewards` has shape {tuple(r.shape)}, expected (B,); "
-                         "aggregate vector rewards to one number per rollout first")
-    if r.numel() == 0: raise ValueError(f"{fn}: `rewards` is empty")
-    bad = ~torch.isfinite(r)
-    if bad.any():
-        raise ValueError(f"{fn}: `rewards` must be finite; "
-                         f"NaN or inf at positions {bad.nonzero().flatten().tolist()[:10]}")
-    return r
-
-
-def _resolve_group_ids(fn: str, B: int, group_ids=None, group_size: int | None = None,
-                       device=None) -> Tensor:
-    "One long label per rollout, from `group_ids` or contiguous blocks of `group_size`."
-    if group_ids is not None and group_size is not None:
-        raise ValueError(f"{fn}: pass `group_ids` or `group_size`, not both")
-    if group_size is not None:
-        if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-            raise ValueError(f"{fn}: `group_size` must be a positive int, got {group_size!r}")
-        if group_size == 1:
-            raise ValueError(f"{fn}: `group_size`=1 makes every advantage 0 (each rollout is its own baseline); "
-                             "sample at least 2 completions per prompt")
-        if B % group_size:
-            raise ValueError(f"{fn}: batch size B={B} is not divisible by `group_size`={group_size}; "
-                             "expected B = n_prompts * group_size")
-        return torch.arange(B, device=device) // group_size
-    if group_ids is None: return torch.zeros(B, dtype=torch.long, device=device)
-    ids = torch.as_tensor(group_ids, device=device)
-    if ids.shape != (B,):
-        raise ValueError(f"{fn}: `group_ids` has shape {tuple(ids.shape)}, expected ({B},) like `rewards`")
-    if ids.is_floating_point(): raise TypeError(f"{fn}: `group_ids` must be integers, got dtype {ids.dtype}")
-    return ids.long()
-
+           'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means', 'grpo_loss', 'compute_grpo_loss',
+           'compute_policy_gradient_loss', 'AlgorithmSpec', 'create_algorithm_config', 'create_grpo_config',
+           'compute_batch_advantages', 'compute_loss_by_algorithm', 'get_algorithm_config', 'toy_run']
 
 # %% ../nbs/30_algorithms.ipynb #6016c547
+_SCALES = ("group", "batch", "none")
+
 def compute_grpo_advantages(
     rewards,  # (B,) one scalar reward per rollout (tensor or list)
     group_ids=None,  # (B,) int label per rollout, any order; rollouts with the same label share a baseline
@@ -78,8 +37,8 @@ def compute_grpo_advantages(
 ) -> Tensor:  # (B,) float advantages, without grad
     "Group-relative advantages: reward minus its group's mean, optionally divided by a std."
     fn = "compute_grpo_advantages"
-    r = _rewards_1d(fn, rewards)
-    ids = _resolve_group_ids(fn, len(r), group_ids, group_size, device=r.device)
+    r = rewards_1d(fn, rewards)
+    ids = resolve_group_ids(fn, len(r), group_ids, group_size, device=r.device)
     if advantage_fn is not None: return advantage_fn(r, ids)
     if scale not in _SCALES: raise ValueError(f"{fn}: `scale`={scale!r}, expected one of {_SCALES}")
     if not 0 <= eps < math.inf: raise ValueError(f"{fn}: `eps` must be a finite number >= 0, got {eps!r}")
@@ -107,8 +66,8 @@ def compute_advantages(
         if group_ids is None: group_ids = [-1 if x.group_index is None else x.group_index for x in rewards]
         rewards = [x.rewards for x in rewards]
     if advantage_fn is not None:
-        r = _rewards_1d("compute_advantages", rewards)
-        return advantage_fn(r, _resolve_group_ids("compute_advantages", len(r), group_ids, None, r.device), **kwargs)
+        r = rewards_1d("compute_advantages", rewards)
+        return advantage_fn(r, resolve_group_ids("compute_advantages", len(r), group_ids, None, r.device), **kwargs)
     return compute_grpo_advantages(rewards, group_ids, **kwargs)
 
 # %% ../nbs/30_algorithms.ipynb #8ff5976d
@@ -147,42 +106,25 @@ def aggregate_loss(
         return masked.sum() / (B * L)
     raise ValueError(f"aggregate_loss: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
 
-# %% ../nbs/30_algorithms.ipynb #82a2a7fe
-def _check_2d(fn: str, name: str, x, shape=None, like="logprobs") -> Tensor:
-    "`x` must be a tensor of `shape` (or any 2-d shape when `shape` is None)."
-    if not isinstance(x, Tensor): raise TypeError(f"{fn}: `{name}` must be a torch.Tensor, got {type(x).__name__}")
-    if shape is None and x.ndim != 2: raise ValueError(f"{fn}: `{name}` has shape {tuple(x.shape)}, expected (B, C)")
-    if shape is not None and tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{fn}: `{name}` has shape {tuple(x.shape)}, expected {tuple(shape)} like `{like}`")
-    return x
-
-
-def _check_finite(fn: str, name: str, x: Tensor, keep: Tensor | None = None) -> None:
-    "`x` must be finite where `keep` is true (everywhere when None); masked positions may hold anything."
-    bad = ~torch.isfinite(x.detach()) if keep is None else keep & ~torch.isfinite(x.detach())
-    if bad.any():
-        raise ValueError(f"{fn}: `{name}` must be finite on the tokens that count; "
-                         f"NaN or inf at {bad.nonzero()[0].tolist()}")
-
-
-def _check_number(fn: str, name: str, x, low: float = 0.0) -> None:
-    "`x` must be a finite number >= low (NaN and inf are refused)."
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not low <= x < math.inf:
-        raise ValueError(f"{fn}: `{name}` must be a finite number >= {low:g}, got {x!r}")
-
-
-def _advantages_2d(fn: str, advantages, B: int, C: int, device) -> Tensor:
-    "Advantages (B,), (B, 1) or (B, C) as a float (B, 1) or (B, C) tensor without grad."
+# %% ../nbs/30_algorithms.ipynb #c0632eac
+def advantages_2d(
+    fn: str,  # the function being called, which starts an error message
+    advantages,  # (B,) or (B, 1) one per sequence, or (B, C) one per token (a tensor or nested lists)
+    B: int,  # rows of the batch
+    C: int,  # completion columns of the batch
+    device,  # where the loss is computed
+) -> Tensor:  # (B, 1) or (B, C) float32 without grad, to broadcast against (B, C) token losses
+    "Advantages per sequence or per token as a float (B, 1) or (B, C) tensor without grad, checked finite."
     a = (torch.as_tensor(advantages, dtype=torch.float32, device=device) if not isinstance(advantages, Tensor)
          else advantages.detach().to(device, torch.float32))
     if a.shape == (B,): a = a[:, None]
     if a.shape in ((B, 1), (B, C)):
-        _check_finite(fn, "advantages", a)
+        check_finite(fn, "advantages", a)
         return a
     raise ValueError(f"{fn}: `advantages` has shape {tuple(a.shape)}, "
                      f"expected ({B},) per sequence or ({B}, {C}) per token")
 
-
+# %% ../nbs/30_algorithms.ipynb #78b1fdf1
 def _kl_function(fn: str, kl_fn) -> Callable | None:
     "`kl_fn` as a function: as given, or the estimator a name stands for ('k1', 'k2', 'k3': rlnb.kl.KL_ESTIMATORS)."
     if kl_fn is None or callable(kl_fn): return kl_fn
@@ -192,8 +134,13 @@ def _kl_function(fn: str, kl_fn) -> Callable | None:
         f"estimator; the names are {sorted(KL_ESTIMATORS)}")
 
 
-def _kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_fn: Callable | str | None = None) -> Tensor:
-    "Per-token KL by `kl_fn` (default `rlnb.kl.kl_k3`), 0 off the mask (padding may hold -inf or NaN: replaced first)."
+def token_kl(
+    logprobs: Tensor,  # (B, C) log-probs of the sampled tokens under the policy (with grad for a loss term)
+    ref_logprobs: Tensor,  # (B, C) the same tokens under the reference
+    mask: Tensor,  # (B, C) bool: the tokens that count
+    kl_fn: Callable | str | None = None,  # (logprobs, ref_logprobs) -> (B, C), or "k1" / "k2" / "k3"; None = k3
+) -> Tensor:  # (B, C) float, 0 off the mask
+    "Per-token KL for a loss term, 0 off the mask; padding is zeroed before `kl_fn` sees it, so no NaN gradient."
     kl_fn = _kl_function("policy loss", kl_fn)
     zero = torch.zeros_like(logprobs)
     kl = (kl_fn or kl_k3)(torch.where(mask, logprobs, zero), torch.where(mask, ref_logprobs, zero))  # (B, C)
@@ -205,15 +152,46 @@ def _kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_fn: Callable | 
     if kl_fn is not None: check_kl_values("policy loss", kl_fn, kl, logprobs, ref_logprobs, mask)
     return torch.where(mask, kl, zero)
 
-
-def _masked_means(mask: Tensor, **values: Tensor) -> dict[str, float]:
+# %% ../nbs/30_algorithms.ipynb #c78d8ea7
+def masked_means(
+    mask: Tensor,  # (B, C) bool: the tokens that count
+    **values: Tensor,  # metric name -> (B, C) tensor (bool or float); anything, even -inf, off the mask
+) -> dict[str, float]:  # metric name -> its mean over the masked tokens (0 when no token counts)
     "Token means over the mask of several (B, C) tensors, as floats, in one device-to-host copy."
     n = mask.sum().clamp(min=1)
     # -inf padding stays out
     stacked = torch.stack([torch.where(mask, v.float(), 0.0).sum() / n for v in values.values()])
     return dict(zip(values, stacked.tolist()))
 
+# %% ../nbs/30_algorithms.ipynb #66af80fe
+def _check_grpo_knobs(fn: str, beta, clip_eps, clip_eps_high, log_ratio_clip, dual_clip, aggregation,
+                      ref_logprobs) -> None:
+    "The knobs of grpo_loss (and the losses built on it) must be numbers in range; beta > 0 needs ref_logprobs."
+    check_finite_number(fn, "beta", beta)
+    check_finite_number(fn, "clip_eps", clip_eps)
+    for name, x in (("clip_eps_high", clip_eps_high), ("log_ratio_clip", log_ratio_clip), ("dual_clip", dual_clip)):
+        if x is not None: check_finite_number(fn, name, x)
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 "
+                         "(it caps the loss of ratios above it when A < 0)")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
+    if not callable(aggregation) and aggregation not in AGGREGATIONS:
+        raise ValueError(f"{fn}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
+
 # %% ../nbs/30_algorithms.ipynb #4d1815d5
+def _clip_metrics(keep, lp, ratio, adv, clip_eps, high, dual_clip, kl_tok, losses) -> dict[str, float]:
+    "grpo_loss's metrics: the loss terms, then token means of the clip fractions, the ratio, -log pi (and the KL)."
+    adv_tok = adv.expand_as(ratio)  # (B, C)
+    low_clip, high_clip = (ratio < 1 - clip_eps) & (adv_tok < 0), (ratio > 1 + high) & (adv_tok > 0)
+    vals = {"clip/ratio": low_clip | high_clip, "clip/low_ratio": low_clip, "clip/high_ratio": high_clip,
+            "ratio/mean": ratio, "entropy/sampled_nll": -lp.detach()}
+    if dual_clip is not None: vals["clip/dual_ratio"] = (ratio > dual_clip) & (adv_tok < 0)
+    if kl_tok is not None: vals["kl/mean"] = kl_tok.detach()
+    terms = dict(zip(losses, torch.stack([v.detach() for v in losses.values()]).tolist()))  # one copy
+    return {**terms, **masked_means(keep, **vals)}
+
+
 def grpo_loss(
     logprobs: Tensor,  # (B, C) log-probs of the sampled completion tokens under the current policy, with grad
     old_logprobs: Tensor,  # (B, C) the same under the policy that sampled them (no grad)
@@ -232,26 +210,15 @@ def grpo_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "GRPO's clipped policy loss with an optional KL penalty (k3 by default), aggregated over the masked tokens."
     fn = "grpo_loss"
-    _check_2d(fn, "logprobs", logprobs)
-    B, C = logprobs.shape
-    _check_2d(fn, "old_logprobs", old_logprobs, (B, C)); _check_2d(fn, "loss_mask", loss_mask, (B, C))
-    if ref_logprobs is not None: _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
-    _check_number(fn, "beta", beta); _check_number(fn, "clip_eps", clip_eps)
-    if clip_eps_high is not None: _check_number(fn, "clip_eps_high", clip_eps_high)
-    if log_ratio_clip is not None: _check_number(fn, "log_ratio_clip", log_ratio_clip)
-    if dual_clip is not None and (_check_number(fn, "dual_clip", dual_clip) or dual_clip <= 1):
-        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 "
-                         "(it caps the loss of ratios above it when A < 0)")
-    if beta > 0 and ref_logprobs is None:
-        raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
-    if not callable(aggregation) and aggregation not in AGGREGATIONS:
-        raise ValueError(f"{fn}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
-
+    B, C = check_2d(fn, "logprobs", logprobs).shape
+    for name, x in (("old_logprobs", old_logprobs), ("loss_mask", loss_mask)): check_2d(fn, name, x, (B, C))
+    if ref_logprobs is not None: check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
+    _check_grpo_knobs(fn, beta, clip_eps, clip_eps_high, log_ratio_clip, dual_clip, aggregation, ref_logprobs)
     lp = logprobs.float()  # (B, C), keeps the graph
     keep = loss_mask.to(lp.device) > 0  # (B, C) bool
     for name, x in (("logprobs", lp), ("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs)):
-        if x is not None: _check_finite(fn, name, x.to(lp.device), keep)  # padding may hold NaN or -inf
-    adv = _advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1) or (B, C)
+        if x is not None: check_finite(fn, name, x.to(lp.device), keep)  # padding may hold NaN or -inf
+    adv = advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1) or (B, C)
     log_ratio = torch.where(keep, lp - old_logprobs.detach().to(lp.device, torch.float32), torch.zeros_like(lp))
     # no gradient beyond it
     if log_ratio_clip is not None: log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
@@ -259,23 +226,14 @@ def grpo_loss(
     policy_tok = -clipped_surrogate_objective(ratio, adv, clip_eps, clip_eps_high)  # (B, C)
     if dual_clip is not None: policy_tok = torch.where(adv < 0, torch.minimum(policy_tok, -dual_clip * adv), policy_tok)
     policy_loss = aggregate_loss(policy_tok, keep, aggregation, max_completion_length)
-    kl_tok = (_kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn) if ref_logprobs is not None
-              else None)
+    kl_tok = (token_kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn)
+              if ref_logprobs is not None else None)  # (B, C)
     kl_loss = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length) if beta > 0 else None
-    loss = policy_loss if kl_loss is None else policy_loss + kl_loss
-
+    losses = {"loss/policy": policy_loss, **({"loss/kl": kl_loss} if kl_loss is not None else {})}
     with torch.no_grad():
         high = clip_eps if clip_eps_high is None else clip_eps_high
-        adv_tok = adv.expand(B, C)
-        low_clip, high_clip = (ratio < 1 - clip_eps) & (adv_tok < 0), (ratio > 1 + high) & (adv_tok > 0)
-        vals = {"clip/ratio": low_clip | high_clip, "clip/low_ratio": low_clip, "clip/high_ratio": high_clip,
-                "ratio/mean": ratio, "entropy/sampled_nll": -lp.detach()}
-        if dual_clip is not None: vals["clip/dual_ratio"] = (ratio > dual_clip) & (adv_tok < 0)
-        if kl_tok is not None: vals["kl/mean"] = kl_tok.detach()
-        extra = torch.stack([policy_loss.detach()] + ([kl_loss.detach()] if kl_loss is not None else [])).tolist()
-        metrics = {"loss/policy": extra[0], **({"loss/kl": extra[1]} if kl_loss is not None else {}),
-                   **_masked_means(keep, **vals)}
-    return loss, metrics
+        metrics = _clip_metrics(keep, lp, ratio, adv, clip_eps, high, dual_clip, kl_tok, losses)
+    return (policy_loss if kl_loss is None else policy_loss + kl_loss), metrics
 
 # %% ../nbs/30_algorithms.ipynb #aee5c4b3
 def compute_grpo_loss(
@@ -293,7 +251,7 @@ def compute_grpo_loss(
     if kl_coef > 0 and batch.ref_logprobs is None:
         raise ValueError(f"compute_grpo_loss: `kl_coef`={kl_coef} needs reference log-probs, "
                          "but `batch.ref_logprobs` is None")
-    _check_2d("compute_grpo_loss", "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
+    check_2d("compute_grpo_loss", "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     return grpo_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, beta=kl_coef, **cfg)
 
@@ -307,16 +265,16 @@ def compute_policy_gradient_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "REINFORCE-style loss -A * log pi per token, aggregated over the masked tokens."
     fn = "compute_policy_gradient_loss"
-    _check_2d(fn, "logprobs", logprobs)
+    check_2d(fn, "logprobs", logprobs)
     B, C = logprobs.shape
-    _check_2d(fn, "loss_mask", loss_mask, (B, C))
+    check_2d(fn, "loss_mask", loss_mask, (B, C))
     keep = loss_mask.to(logprobs.device) > 0
-    _check_finite(fn, "logprobs", logprobs, keep)
+    check_finite(fn, "logprobs", logprobs, keep)
     # (B, C), no -inf off the mask
     lp = torch.where(keep, logprobs.float(), torch.zeros_like(logprobs, dtype=torch.float32))
-    loss = aggregate_loss(-_advantages_2d(fn, advantages, B, C, lp.device) * lp, keep, aggregation,
+    loss = aggregate_loss(-advantages_2d(fn, advantages, B, C, lp.device) * lp, keep, aggregation,
                           max_completion_length)
-    with torch.no_grad(): metrics = {"loss/policy": loss.item(), **_masked_means(keep, **{"entropy/sampled_nll": -lp})}
+    with torch.no_grad(): metrics = {"loss/policy": loss.item(), **masked_means(keep, **{"entropy/sampled_nll": -lp})}
     return loss, metrics
 
 # %% ../nbs/30_algorithms.ipynb #a38aa038
@@ -374,7 +332,7 @@ def create_grpo_config(**kwargs) -> dict:
     "A GRPO config: `create_algorithm_config('grpo', **kwargs)`."
     return create_algorithm_config("grpo", **kwargs)
 
-# %% ../nbs/30_algorithms.ipynb #ded8d361
+# %% ../nbs/30_algorithms.ipynb #4a8b9e7d
 # data, never config knobs: the batch's fields and the policy's log-probs
 _DATA_ARGS = set(CollatedBatch._fields) | {"logprobs"}
 _PASSED = ("old_logprobs", "advantages", "loss_mask", "ref_logprobs")  # handed to every policy_loss explicitly
@@ -407,13 +365,13 @@ def _algorithm_knobs(fn: str, algorithm_config: Mapping[str, Any]) -> tuple[Algo
     (adv_kw, loss_kw), unused = _split_config(knobs, spec.advantage_fn, spec.policy_loss)
     return spec, adv_kw, loss_kw, unused
 
-
+# %% ../nbs/30_algorithms.ipynb #7edaa910
 def _batch_fields(f: Callable, batch: CollatedBatch, skip=()) -> dict:
     "The fields of `batch` that `f`'s signature names (e.g. group_ids, loss_mask, old_values), except `skip`."
     params = inspect.signature(f).parameters
     return {k: getattr(batch, k) for k in batch._fields if k in params and k not in skip}
 
-
+# %% ../nbs/30_algorithms.ipynb #1ca4179b
 def _check_grouping(fn: str, group_ids) -> None:
     "All rollouts grouped or none: ungrouped ones (label -1) among groups would be pooled into one fake group."
     ungrouped = torch.as_tensor(group_ids) == -1  # (B,)
@@ -437,7 +395,6 @@ def compute_batch_advantages(
     return (batch._replace(advantages=out[0], returns=out[1]) if isinstance(out, tuple)
             else batch._replace(advantages=out))
 
-
 # %% ../nbs/30_algorithms.ipynb #64ad076e
 def compute_loss_by_algorithm(
     batch: CollatedBatch,  # collated rollouts: rewards (B,), group_ids, loss_mask, old/ref log-probs
@@ -453,7 +410,7 @@ def compute_loss_by_algorithm(
     if unused:
         raise ValueError(f"{fn}: option(s) {unused} of {algorithm_config['name']!r} "
                          "are taken by neither its advantage_fn nor its loss_fn")
-    _check_2d(fn, "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
+    check_2d(fn, "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
     if batch.advantages is None: batch = compute_batch_advantages(batch, algorithm_config)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     # e.g. group_ids, rewards; PPO: values, old_values, returns
@@ -484,3 +441,52 @@ def get_algorithm_config(
     if not isinstance(cfg, Mapping) or "name" not in cfg:
         raise ValueError(f"{fn}: expected a config dict with a 'name' or an algorithm name, got {cfg!r}")
     return dict(cfg)
+
+# %% ../nbs/30_algorithms.ipynb #f15453b9
+def _toy_batch(logits: Tensor, n_prompts: int, G: int) -> CollatedBatch:
+    "Sample G completions for each of n_prompts from the (T, V) logits table; reward = the fraction of 3s."
+    T, V = logits.shape
+    with torch.no_grad():
+        toks = torch.distributions.Categorical(logits=logits.expand(n_prompts * G, T, V)).sample()  # (B, T)
+        old_lp = logits.log_softmax(-1)[torch.arange(T), toks]  # (B, T)
+    rewards = (toks == 3).float().mean(1)  # (B,)
+    ref_lp = [[-math.log(V)] * T] * len(toks)  # (B, T): the uniform starting policy is the reference
+    return collate([Rollout("p", prompt_token_ids=[0], token_ids=t, logprobs=o, ref_logprobs=rf, rewards=r,
+                            group_index=i // G)
+                    for i, (t, o, rf, r) in enumerate(zip(toks.tolist(), old_lp.tolist(), ref_lp, rewards.tolist()))],
+                   pad_token_id=0)
+
+
+def toy_run(
+    algorithm_config: Mapping[str, Any],  # from create_algorithm_config; any registered algorithm
+    steps: int = 30,  # training steps, each on a fresh batch
+    G: int = 8,  # completions per prompt
+    n_prompts: int = 8,  # prompts per step
+    T: int = 5,  # tokens per completion (the generation budget, `max_new_tokens`)
+    V: int = 4,  # vocabulary size; the rewarded token is 3
+    lr: float = 0.1,  # Adam's learning rate
+    seed: int = 0,  # seeds the sampling
+    updates_per_batch: int = 2,  # optimizer steps per batch; the second and later ones are off-policy
+) -> pd.DataFrame:  # one row per step: "step", "reward" (the batch's mean) and the loss's metrics
+    "Train a (T, V) table of logits to emit token 3 with `algorithm_config`: a second-long check that it learns."
+    set_seed(seed)
+    logits = torch.zeros(T, V, requires_grad=True)
+    values = torch.zeros(T, requires_grad=True)  # (T,) value per position, used when the algorithm has a value head
+    opt = torch.optim.Adam([logits, values], lr=lr)
+    cfg = {"max_new_tokens": T, **algorithm_config}
+    value_head = ALGORITHMS[cfg["name"]].value_head if cfg.get("name") in ALGORITHMS else False
+    history = []
+    for step in range(steps):
+        batch = _toy_batch(logits, n_prompts, G)
+        B = len(batch.rewards)
+        if value_head: batch = batch._replace(old_values=values.detach().expand(B, T))
+        batch = compute_batch_advantages(batch, cfg)
+        for _ in range(updates_per_batch):
+            lp_now = logits.log_softmax(-1)[torch.arange(T), batch.completion_ids]  # (B, T) with grad
+            now = batch._replace(values=values.expand(B, T)) if value_head else batch
+            loss, m = compute_loss_by_algorithm(now, lp_now, cfg)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        history.append({"step": step, "reward": batch.rewards.mean().item(), **m})
+    return pd.DataFrame(history)

@@ -1,4 +1,4 @@
-"""Five policy-gradient algorithms as advantage functions and losses, each checked by hand, by a loop and against TRL's math, and registered in `ALGORITHMS`.
+"""RLOO, REINFORCE, DAPO, GSPO and REINFORCE++ as advantage functions and losses, registered in `ALGORITHMS`.
 
 Docs: https://rlnb.github.io/rlnb/catalogue.html.md"""
 
@@ -12,17 +12,16 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
+from .checks import check_2d, check_finite, check_finite_number, resolve_group_ids, rewards_1d
 from .core import group_stats
 from .kl import KL_ESTIMATORS
-from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, compute_grpo_advantages,
-                             compute_policy_gradient_loss, create_algorithm_config, grpo_loss, _advantages_2d,
-                             _check_2d, _check_finite, _check_number, _kl, _masked_means, _resolve_group_ids,
-                             _rewards_1d)
+from .algorithms import (ALGORITHMS, AlgorithmSpec, advantages_2d, aggregate_loss, compute_grpo_advantages,
+                             compute_policy_gradient_loss, create_algorithm_config, grpo_loss, masked_means, token_kl)
 
 # %% auto #0
-__all__ = ['DAPO_DEFAULTS', 'compute_rloo_advantages', 'compute_reinforce_advantages', 'compute_reinforce_loss',
-           'reinforce_policy_loss', 'compute_dapo_loss', 'create_dapo_config', 'gspo_loss',
-           'compute_reinforce_pp_advantages', 'reinforce_pp_loss']
+__all__ = ['DAPO_DEFAULTS', 'compute_rloo_advantages', 'compute_reinforce_advantages', 'compute_reinforce_loss', 'reinforce_loss',
+           'compute_dapo_loss', 'create_dapo_config', 'gspo_loss', 'compute_reinforce_pp_advantages',
+           'reinforce_pp_loss']
 
 # %% ../nbs/31_catalogue.ipynb #daf2f30e
 def compute_rloo_advantages(
@@ -32,8 +31,8 @@ def compute_rloo_advantages(
 ) -> Tensor:  # (B,) advantages, without grad
     "RLOO: each reward minus the mean of the other rewards of its group; 0 for a group of one."
     fn = "compute_rloo_advantages"
-    r = _rewards_1d(fn, rewards)
-    ids = _resolve_group_ids(fn, len(r), group_ids, group_size, device=r.device)
+    r = rewards_1d(fn, rewards)
+    ids = resolve_group_ids(fn, len(r), group_ids, group_size, device=r.device)
     stats = group_stats(r, ids, unbiased=True)
     n = stats.count[stats.index]  # (B,) size of each rollout's group
     centered = r - stats.mean[stats.index]  # (B,), exactly 0 in a group whose rewards are all equal
@@ -56,8 +55,8 @@ def compute_reinforce_advantages(
 ) -> Tensor:  # (B,) advantages r - b
     "REINFORCE advantages: reward minus a baseline."
     fn = "compute_reinforce_advantages"
-    r = _rewards_1d(fn, rewards)
-    ids = _resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
+    r = rewards_1d(fn, rewards)
+    ids = resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
     b = torch.as_tensor((baseline_fn or _batch_mean_baseline)(r, ids), dtype=r.dtype, device=r.device)
     if b.shape not in ((), (len(r),)):
         raise ValueError(f"{fn}: `baseline_fn` returned shape {tuple(b.shape)}, expected ({len(r)},) or a scalar")
@@ -78,7 +77,7 @@ def compute_reinforce_loss(
     return compute_policy_gradient_loss(logprobs, adv, loss_mask, aggregation, max_completion_length)
 
 # %% ../nbs/31_catalogue.ipynb #633fb128
-def reinforce_policy_loss(
+def reinforce_loss(
     logprobs: Tensor,  # (B, C) with grad
     old_logprobs: Tensor,  # (B, C) unused: REINFORCE is on-policy (kept for the registry's contract)
     advantages,  # (B,) or (B, C)
@@ -90,23 +89,23 @@ def reinforce_policy_loss(
     kl_fn: Callable | None = None,  # per-token KL; None = k3
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "The registry's REINFORCE loss: -A log pi aggregated, plus beta times the aggregated per-token KL."
-    fn = "reinforce_policy_loss"
-    _check_number(fn, "beta", beta)
+    fn = "reinforce_loss"
+    check_finite_number(fn, "beta", beta)
     loss, metrics = compute_policy_gradient_loss(logprobs, advantages, loss_mask, aggregation, max_completion_length)
     if ref_logprobs is None:
         if beta > 0: raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
         return loss, metrics
-    _check_2d(fn, "ref_logprobs", ref_logprobs, tuple(logprobs.shape))
+    check_2d(fn, "ref_logprobs", ref_logprobs, tuple(logprobs.shape))
     keep = loss_mask.to(logprobs.device) > 0
-    _check_finite(fn, "ref_logprobs", ref_logprobs.to(logprobs.device), keep)
-    kl_tok = _kl(logprobs.float(), ref_logprobs.detach().to(logprobs.device, torch.float32), keep, kl_fn)  # (B, C)
-    metrics = {**metrics, **_masked_means(keep, **{"kl/mean": kl_tok.detach()})}
+    check_finite(fn, "ref_logprobs", ref_logprobs.to(logprobs.device), keep)
+    kl_tok = token_kl(logprobs.float(), ref_logprobs.detach().to(logprobs.device, torch.float32), keep, kl_fn)  # (B, C)
+    metrics = {**metrics, **masked_means(keep, **{"kl/mean": kl_tok.detach()})}
     if beta == 0: return loss, metrics
     kl_loss = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length)
     return loss + kl_loss, {**metrics, "loss/kl": kl_loss.item()}
 
 # %% ../nbs/31_catalogue.ipynb #2c84a7e6
-ALGORITHMS["reinforce"] = AlgorithmSpec(compute_reinforce_advantages, reinforce_policy_loss, MappingProxyType(dict(
+ALGORITHMS["reinforce"] = AlgorithmSpec(compute_reinforce_advantages, reinforce_loss, MappingProxyType(dict(
     baseline_fn=None, beta=0.0, aggregation="token_mean", max_completion_length=None, kl_fn=None)),
     group_relative=False)
 
@@ -161,18 +160,17 @@ def gspo_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "GSPO: the clipped surrogate on the sequence ratio exp(mean_t log(pi/pi_old)) over the masked tokens."
     fn = "gspo_loss"
-    _check_2d(fn, "logprobs", logprobs)
-    B, C = logprobs.shape
-    _check_2d(fn, "old_logprobs", old_logprobs, (B, C)); _check_2d(fn, "loss_mask", loss_mask, (B, C))
+    B, C = check_2d(fn, "logprobs", logprobs).shape
+    for name, x in (("old_logprobs", old_logprobs), ("loss_mask", loss_mask)): check_2d(fn, name, x, (B, C))
     for name, x in (("beta", beta), ("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)):
-        _check_number(fn, name, x)
+        check_finite_number(fn, name, x)
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
     lp = logprobs.float()
     keep = loss_mask.to(lp.device) > 0  # (B, C)
-    _check_finite(fn, "logprobs", lp, keep)
-    _check_finite(fn, "old_logprobs", old_logprobs.to(lp.device), keep)
-    adv = _advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1)
+    check_finite(fn, "logprobs", lp, keep)
+    check_finite(fn, "old_logprobs", old_logprobs.to(lp.device), keep)
+    adv = advantages_2d(fn, advantages, B, C, lp.device)  # (B, 1)
     if adv.shape != (B, 1):
         raise ValueError(f"{fn}: `advantages` has shape {tuple(adv.shape)}; "
                          f"GSPO takes one advantage per sequence, ({B},)")
@@ -185,9 +183,9 @@ def gspo_loss(
     loss = policy_loss
     kl_tok = None
     if ref_logprobs is not None:
-        _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
-        _check_finite(fn, "ref_logprobs", ref_logprobs.to(lp.device), keep)
-        kl_tok = _kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn)  # (B, C)
+        check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
+        check_finite(fn, "ref_logprobs", ref_logprobs.to(lp.device), keep)
+        kl_tok = token_kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn)  # (B, C)
         if beta > 0: loss = policy_loss + beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length)
     with torch.no_grad():
         rows = (n > 0).float()  # (B, 1) sequences that count
@@ -196,7 +194,7 @@ def gspo_loss(
         vals = (per_seq.sum(0) / rows.sum().clamp(min=1)).tolist()
         metrics = {"loss/policy": policy_loss.item(),
                    **dict(zip(("clip/ratio", "clip/low_ratio", "clip/high_ratio", "ratio/mean"), vals)),
-                   **_masked_means(keep, **{"entropy/sampled_nll": -lp.detach(),
+                   **masked_means(keep, **{"entropy/sampled_nll": -lp.detach(),
                                             **({"kl/mean": kl_tok} if kl_tok is not None else {})})}
         if beta > 0: metrics["loss/kl"] = (loss - policy_loss).item()
     return loss, metrics
@@ -213,7 +211,7 @@ def compute_reinforce_pp_advantages(
     eps: float = 1e-4,  # added to the batch std
 ) -> Tensor:  # (B,)
     "REINFORCE++ advantages: rewards normalised over the whole batch (sample std), no group baseline."
-    r = _rewards_1d("compute_reinforce_pp_advantages", rewards)
+    r = rewards_1d("compute_reinforce_pp_advantages", rewards)
     centered = r - r.mean()  # (B,)
     std = r.std() if len(r) > 1 else r.new_zeros(())
     return torch.where(centered == 0, centered, centered / (std + eps))

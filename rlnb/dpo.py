@@ -1,4 +1,4 @@
-"""Direct Preference Optimization on rollouts sampled during training: each group's best completion against its worst, the sigmoid loss on policy-minus-reference log-ratios, registered as `dpo`.
+"""Online DPO: each group's best completion against its worst, a sigmoid loss on log-ratios, registered as `dpo`.
 
 Docs: https://rlnb.github.io/rlnb/dpo.html.md"""
 
@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import check_2d, check_finite, check_finite_number, resolve_group_ids, rewards_1d
 from .core import Batch, CollatedBatch
-from .algorithms import (ALGORITHMS, AlgorithmSpec, _check_2d, _check_finite, _check_number, _resolve_group_ids,
-                             _rewards_1d)
+from .algorithms import ALGORITHMS, AlgorithmSpec
 
 # %% auto #0
 __all__ = ['PAIR_SELECTORS', 'best_vs_worst_pairs', 'all_ordered_pairs', 'compute_dpo_pairs', 'compute_dpo_loss',
-           'compute_dpo_advantages', 'dpo_policy_loss', 'dpo_pairs_per_row']
+           'compute_dpo_advantages', 'dpo_loss', 'dpo_pairs_per_row']
 
 # %% ../nbs/32_dpo.ipynb #3e221938
 def _first_where(hit: Tensor, index: Tensor, G: int) -> Tensor:
@@ -68,8 +68,8 @@ def _rewards_and_groups(fn: str, data, group_ids) -> tuple[Tensor, Tensor]:
     elif isinstance(data, (list, tuple)) and data and hasattr(data[0], "group_index"):
         if group_ids is None: group_ids = [-1 if x.group_index is None else x.group_index for x in data]
         data = [x.rewards for x in data]
-    r = _rewards_1d(fn, data)
-    return r, _resolve_group_ids(fn, len(r), group_ids, None, r.device)
+    r = rewards_1d(fn, data)
+    return r, resolve_group_ids(fn, len(r), group_ids, None, r.device)
 
 
 def compute_dpo_pairs(
@@ -82,7 +82,7 @@ def compute_dpo_pairs(
     "Preference pairs from rewards within groups: by default each group's best completion against its worst."
     fn = "compute_dpo_pairs"
     r, ids = _rewards_and_groups(fn, rollouts_or_rewards, group_ids)
-    _check_number(fn, "min_margin", min_margin)
+    check_finite_number(fn, "min_margin", min_margin)
     if pair_selector is None or isinstance(pair_selector, str):
         name = pair_selector or "best_vs_worst"
         if name not in PAIR_SELECTORS:
@@ -103,7 +103,7 @@ def compute_dpo_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss: mean over pairs, metrics)
     "DPO's sigmoid loss -log sigmoid(beta * (chosen log-ratio - rejected log-ratio)), averaged over the pairs."
     fn = "compute_dpo_loss"
-    _check_number(fn, "beta", beta)
+    check_finite_number(fn, "beta", beta)
     if beta == 0:
         raise ValueError(f"{fn}: `beta`=0 makes the loss the constant log 2 (no gradient); "
                          "use beta > 0 (DPO's usual 0.1)")
@@ -136,7 +136,7 @@ def compute_dpo_advantages(
     return _marks(compute_dpo_pairs(r, ids, pair_selector, min_margin), len(r))
 
 # %% ../nbs/32_dpo.ipynb #c22a1899
-def dpo_policy_loss(
+def dpo_loss(
     logprobs: Tensor,  # (B, C) current policy log-probs of the sampled tokens, with grad
     old_logprobs: Tensor,  # (B, C) unused (kept for the registry's contract)
     # (B,) marks from compute_dpo_advantages over the whole batch (checked against this batch's pairs), or None
@@ -150,17 +150,16 @@ def dpo_policy_loss(
     min_margin: float = 0.0,  # see compute_dpo_pairs
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "The registry's DPO loss: pairs from this batch's groups, sequence log-ratios to the reference, the sigmoid loss."
-    fn = "dpo_policy_loss"
+    fn = "dpo_loss"
     if ref_logprobs is None:
         raise ValueError(f"{fn}: DPO needs reference log-probs, but `ref_logprobs` is None. "
                          "Train a LoRA policy (the reference is the model with its adapters off) "
                          "or give train a reference some other way (create_training_state(reference=True), beta > 0)")
-    _check_2d(fn, "logprobs", logprobs)
-    B, C = logprobs.shape
-    _check_2d(fn, "loss_mask", loss_mask, (B, C)); _check_2d(fn, "ref_logprobs", ref_logprobs, (B, C))
+    B, C = check_2d(fn, "logprobs", logprobs).shape
+    for name, x in (("loss_mask", loss_mask), ("ref_logprobs", ref_logprobs)): check_2d(fn, name, x, (B, C))
     keep = loss_mask.to(logprobs.device) > 0  # (B, C)
-    _check_finite(fn, "logprobs", logprobs, keep)
-    _check_finite(fn, "ref_logprobs", ref_logprobs.to(logprobs.device), keep)
+    check_finite(fn, "logprobs", logprobs, keep)
+    check_finite(fn, "ref_logprobs", ref_logprobs.to(logprobs.device), keep)
     r, ids = _rewards_and_groups(fn, rewards, group_ids)  # (B,), (B,)
     if len(r) != B: raise ValueError(f"{fn}: `rewards` has {len(r)} entries but `logprobs` has {B} rows")
     pairs = compute_dpo_pairs(r, ids, pair_selector, min_margin).to(logprobs.device)  # (P, 2), rows of this batch
@@ -186,6 +185,6 @@ def dpo_pairs_per_row(batch, config: Mapping) -> Tensor:
     return torch.zeros(B, device=pairs.device).index_add(0, pairs[:, 0], torch.ones(len(pairs), device=pairs.device))
 
 
-ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_policy_loss, MappingProxyType(dict(
+ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_loss, MappingProxyType(dict(
     beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True,
     loss_units=dpo_pairs_per_row)

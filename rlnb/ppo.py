@@ -1,5 +1,4 @@
-"""Proximal Policy Optimization as RLHF ran it: a value head on the policy, per-token rewards with a KL penalty,
-generalised advantage estimation over the policy's own tokens, a clipped policy loss and a clipped value loss.
+"""PPO as RLHF ran it: a value head, per-token rewards with a KL penalty, GAE, clipped policy and value losses.
 
 Docs: https://rlnb.github.io/rlnb/ppo.html.md"""
 
@@ -13,10 +12,11 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from .checks import check_2d, check_finite, check_finite_number, rewards_1d
 from .core import TrainingState, model_device
 from .kl import kl_k1
-from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, create_algorithm_config, grpo_loss, _check_2d,
-                             _check_finite, _check_number, _kl, _masked_means, _rewards_1d)
+from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, create_algorithm_config, grpo_loss,
+                             masked_means, token_kl)
 
 # %% auto #0
 __all__ = ['PPO_DEFAULTS', 'create_value_head', 'add_value_head', 'compute_token_rewards', 'compute_gae',
@@ -35,7 +35,8 @@ def create_value_head(
         raise ValueError("create_value_head: cannot tell the hidden size of `model` "
                          "(no config.hidden_size and no output layer)")
     head = nn.Linear(H, 1, device=model_device(model), dtype=torch.float32)
-    nn.init.zeros_(head.weight); nn.init.zeros_(head.bias)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
     return head
 
 # %% ../nbs/33_ppo.ipynb #e9a5e4a6
@@ -52,7 +53,8 @@ def add_value_head(
         state.optimizer.add_param_group({**settings, "params": [p for p in head.parameters() if p.requires_grad]})
         sched = state.scheduler
         if sched is not None and hasattr(sched, "lr_lambdas"):  # LambdaLR: the new group follows the policy's schedule
-            sched.lr_lambdas.append(sched.lr_lambdas[0]); sched.base_lrs.append(sched.base_lrs[0])
+            sched.lr_lambdas.append(sched.lr_lambdas[0])
+            sched.base_lrs.append(sched.base_lrs[0])
     return state._replace(value_head=head)
 
 # %% ../nbs/33_ppo.ipynb #102f4c1a
@@ -64,16 +66,16 @@ def compute_token_rewards(
 ) -> Tensor:  # (B, C) float32, 0 off the mask
     "Each rollout's reward on its last generated token, minus beta x KL on every generated token."
     fn = "compute_token_rewards"
-    _check_2d(fn, "loss_mask", loss_mask)
-    r = _rewards_1d(fn, rewards).to(loss_mask.device)
+    check_2d(fn, "loss_mask", loss_mask)
+    r = rewards_1d(fn, rewards).to(loss_mask.device)
     if r.shape[0] != loss_mask.shape[0]:
         raise ValueError(f"{fn}: {r.shape[0]} rewards for {loss_mask.shape[0]} rows of `loss_mask`")
-    _check_number(fn, "beta", beta)
+    check_finite_number(fn, "beta", beta)
     keep = loss_mask > 0  # (B, C)
     last = keep & (keep.cumsum(1) == keep.sum(1, keepdim=True))  # (B, C): the last generated token of each row
     out = torch.where(last, r[:, None], 0.0)  # (B, C)
     if kl is not None and beta > 0:
-        out = out - beta * torch.where(keep, _check_2d(fn, "kl", kl, tuple(keep.shape)).float(), 0.0)
+        out = out - beta * torch.where(keep, check_2d(fn, "kl", kl, tuple(keep.shape)).float(), 0.0)
     return out
 
 # %% ../nbs/33_ppo.ipynb #37fa3be6
@@ -86,15 +88,15 @@ def compute_gae(
 ) -> tuple[Tensor, Tensor]:  # advantages (B, C), returns (B, C): float32, 0 off the mask
     "GAE advantages and returns over each row's own tokens, the value after its last token taken as 0."
     fn = "compute_gae"
-    _check_2d(fn, "token_rewards", token_rewards)
+    check_2d(fn, "token_rewards", token_rewards)
     B, C = token_rewards.shape
-    _check_2d(fn, "values", values, (B, C), like="token_rewards")
-    _check_2d(fn, "loss_mask", loss_mask, (B, C), like="token_rewards")
+    check_2d(fn, "values", values, (B, C), like="token_rewards")
+    check_2d(fn, "loss_mask", loss_mask, (B, C), like="token_rewards")
     for name, x in (("gamma", gamma), ("lam", lam)):
-        _check_number(fn, name, x)
+        check_finite_number(fn, name, x)
         if x > 1: raise ValueError(f"{fn}: `{name}` must be in [0, 1], got {x!r}")
     keep = loss_mask > 0  # (B, C)
-    _check_finite(fn, "values", values, keep); _check_finite(fn, "token_rewards", token_rewards, keep)
+    for name, x in (("values", values), ("token_rewards", token_rewards)): check_finite(fn, name, x, keep)
     order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # (B, C): each row's steps first, in order
     steps = keep.gather(1, order)  # (B, C): True on a prefix of each row
     r = torch.where(steps, token_rewards.detach().float().gather(1, order), 0.0)  # (B, C) compacted
@@ -139,22 +141,22 @@ def compute_ppo_advantages(
     "PPO's advantages: token rewards (reward at the end, optional KL penalty), GAE over the policy's tokens, whitening."
     fn = "compute_ppo_advantages"
     if loss_mask is None: raise ValueError(f"{fn}: `loss_mask` (B, C) is required: GAE steps over the policy's tokens")
-    _check_2d(fn, "loss_mask", loss_mask)
+    check_2d(fn, "loss_mask", loss_mask)
     if kl_penalty not in ("reward", "loss"):
         raise ValueError(f"{fn}: `kl_penalty` must be 'reward' or 'loss', got {kl_penalty!r}")
-    r = _rewards_1d(fn, rewards).to(loss_mask.device)
+    r = rewards_1d(fn, rewards).to(loss_mask.device)
     keep = loss_mask > 0
     if old_values is None and value_fn is None:
         raise ValueError(f"{fn}: no values: pass `old_values` (the value head at sampling time; "
                          "`train` keeps a value head for 'ppo') or `value_fn`")
     values = old_values if old_values is not None else value_fn(r, group_ids, loss_mask)
-    values = _check_2d(fn, "values", values, tuple(loss_mask.shape), like="loss_mask").detach().float()
+    values = check_2d(fn, "values", values, tuple(loss_mask.shape), like="loss_mask").detach().float()
     kl = None
     if kl_penalty == "reward" and beta > 0:
         if old_logprobs is None or ref_logprobs is None:
             raise ValueError(f"{fn}: `beta`={beta} with kl_penalty='reward' "
                              "needs `old_logprobs` and `ref_logprobs` (B, C)")
-        kl = _kl(old_logprobs.detach().float(), ref_logprobs.detach().float(), keep,
+        kl = token_kl(old_logprobs.detach().float(), ref_logprobs.detach().float(), keep,
                  kl_fn or kl_k1)  # (B, C)
     advantages, returns = compute_gae(compute_token_rewards(r, loss_mask, kl, beta), values, loss_mask, gamma, lam)
     return (_masked_whiten(advantages, keep) if whiten else advantages), returns
@@ -172,19 +174,19 @@ def compute_value_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "PPO's clipped value loss: half the larger squared error of the clipped and unclipped predictions, aggregated."
     fn = "compute_value_loss"
-    _check_2d(fn, "values", values)
+    check_2d(fn, "values", values)
     shape = tuple(values.shape)
     for name, x in (("old_values", old_values), ("returns", returns), ("loss_mask", loss_mask)):
-        _check_2d(fn, name, x, shape, like="values")
-    if value_clip is not None: _check_number(fn, "value_clip", value_clip)
+        check_2d(fn, name, x, shape, like="values")
+    if value_clip is not None: check_finite_number(fn, "value_clip", value_clip)
     keep = loss_mask > 0
     v, old, ret = values.float(), old_values.detach().float(), returns.detach().float()  # (B, C) each
-    for name, x in (("values", v), ("old_values", old), ("returns", ret)): _check_finite(fn, name, x, keep)
+    for name, x in (("values", v), ("old_values", old), ("returns", ret)): check_finite(fn, name, x, keep)
     clipped = v if value_clip is None else old + (v - old).clamp(-value_clip, value_clip)  # (B, C)
     err, err_clipped = (v - ret) ** 2, (clipped - ret) ** 2
     loss = aggregate_loss(0.5 * torch.maximum(err, err_clipped), keep, aggregation, max_completion_length)
     with torch.no_grad():
-        m = _masked_means(keep, **{"value/mean": v, "value/clip_frac": (err_clipped > err).float(),
+        m = masked_means(keep, **{"value/mean": v, "value/clip_frac": (err_clipped > err).float(),
                                    "value/returns": ret})
         resid, n = torch.where(keep, ret - old, 0.0), keep.sum().clamp(min=2)
         var = lambda x: (torch.where(keep, x - torch.where(keep, x, 0.0).sum() / n, 0.0) ** 2).sum() / (n - 1)
@@ -222,7 +224,7 @@ def compute_ppo_loss(
         raise ValueError(f"{fn}: PPO's loss needs `values` (with grad), `old_values` and `returns`; "
                          "the training step fills them when the run has a value head "
                          "(it adds one for algorithms registered with value_head=True)")
-    _check_number(fn, "vf_coef", vf_coef)
+    check_finite_number(fn, "vf_coef", vf_coef)
     policy, metrics = grpo_loss(logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, clip_eps, clip_eps_high,
                                 beta if kl_penalty == "loss" else 0.0, aggregation, max_completion_length, kl_fn,
                                 log_ratio_clip, dual_clip)

@@ -212,3 +212,15 @@ def test_training_toy_learns():
         loss, _ = compute_loss_by_algorithm(cb, lp, cfg)
         opt.zero_grad(); loss.backward(); opt.step()
     assert logits.softmax(-1)[3].item() > 0.9
+
+
+def test_toy_run_learns_and_gives_a_value_head_to_ppo():
+    "The toy problem of the algorithm chapters: a (T, V) logits table learns to emit token 3; PPO gets a value table."
+    import rlnb.ppo  # noqa: F401  registers "ppo"
+    from rlnb.algorithms import toy_run
+    grpo = toy_run(create_grpo_config(), steps=12)
+    assert grpo.reward.iloc[:2].mean() < 0.4 and grpo.reward.iloc[-3:].mean() > 0.8
+    ppo = toy_run(create_algorithm_config("ppo"), steps=3, updates_per_batch=1)
+    assert "value/mean" in ppo and len(ppo) == 3
+    dr = toy_run(create_algorithm_config("dr_grpo"), steps=1)  # the budget: max_new_tokens = T
+    assert "loss/policy" in dr

@@ -9,7 +9,7 @@ from rlnb.algorithms import (ALGORITHMS, compute_grpo_advantages, compute_loss_b
                              grpo_loss)
 from rlnb.catalogue import (DAPO_DEFAULTS, compute_dapo_loss, compute_reinforce_advantages, compute_reinforce_loss,
                             compute_reinforce_pp_advantages, compute_rloo_advantages, create_dapo_config, gspo_loss,
-                            reinforce_policy_loss, reinforce_pp_loss)
+                            reinforce_loss, reinforce_pp_loss)
 from rlnb.core import TrainingState, create_training_config, set_seed
 from rlnb.kl import create_reference_model
 from rlnb.models import apply_lora
@@ -162,10 +162,10 @@ def test_reinforce_pp_loss_kl_term_k1_and_k3():
         reinforce_pp_loss(LP, OLD, ADV, MSK, REF, kl_estimator="k2")
 
 
-def test_reinforce_policy_loss_kl_term():
+def test_reinforce_loss_kl_term():
     lp, m = torch.tensor([[-1., -2], [-0.5, -9]]), torch.tensor([[1., 1], [1, 0]])
     ref = lp + torch.tensor([[math.log(2), 0], [0, 0]])
-    loss, metrics = reinforce_policy_loss(lp, lp, torch.tensor([.5, -.5]), m, ref, beta=0.3)
+    loss, metrics = reinforce_loss(lp, lp, torch.tensor([.5, -.5]), m, ref, beta=0.3)
     k3 = 2 - math.log(2) - 1
     assert (loss.item(), metrics["kl/mean"]) == pytest.approx((1.25 / 3 + 0.3 * k3 / 3, k3 / 3), abs=1e-5)
 

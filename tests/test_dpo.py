@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import rlnb.dpo  # registers "dpo" in ALGORITHMS
 from rlnb.algorithms import ALGORITHMS, _DATA_ARGS, compute_loss_by_algorithm, create_algorithm_config
 from rlnb.core import CollatedBatch, Rollout, collate, create_training_config, set_seed
-from rlnb.dpo import PAIR_SELECTORS, compute_dpo_advantages, compute_dpo_loss, compute_dpo_pairs, dpo_policy_loss
+from rlnb.dpo import PAIR_SELECTORS, compute_dpo_advantages, compute_dpo_loss, compute_dpo_pairs, dpo_loss
 from rlnb.tasks import get_task
 from rlnb.training import train
 
@@ -92,7 +92,7 @@ def test_loss_against_a_loop_over_pairs():
         pairs = naive_pairs(rewards.tolist(), groups.tolist(), sel)
         seq = [sum((lp[i, t] - ref[i, t]).item() for t in range(C) if mask[i, t] > 0) for i in range(B)]
         naive = sum(math.log1p(math.exp(-beta * (seq[c] - seq[r]))) for c, r in pairs) / len(pairs)
-        loss, m = dpo_policy_loss(lp, lp, None, mask, ref, groups, rewards, beta=beta, pair_selector=sel)
+        loss, m = dpo_loss(lp, lp, None, mask, ref, groups, rewards, beta=beta, pair_selector=sel)
         assert loss.item() == pytest.approx(naive, abs=1e-5) and m["dpo/pairs"] == len(pairs)
 
 
@@ -132,7 +132,7 @@ def test_loss_matches_trl_online_dpo(beta):
     mask = (torch.arange(C)[None] < torch.randint(1, C + 1, (2 * n, 1))).float()
     rewards = torch.rand(2 * n)
     order = torch.arange(2 * n).view(n, 2).T.flatten()  # rlnb's prompt-major rows -> TRL's layout
-    ours, m = dpo_policy_loss(lp, lp, None, mask, ref, torch.arange(2 * n) // 2, rewards, beta=beta)
+    ours, m = dpo_loss(lp, lp, None, mask, ref, torch.arange(2 * n) // 2, rewards, beta=beta)
     trl, trl_margin, trl_acc = trl_online_dpo(lp[order], ref[order], mask[order], rewards[order], beta)
     assert ours.item() == pytest.approx(trl.item(), abs=1e-6)
     assert m["dpo/margin"] == pytest.approx(trl_margin.item(), abs=1e-6) and m["dpo/accuracy"] == trl_acc.item()
@@ -144,7 +144,7 @@ def test_gradient_raises_chosen_and_lowers_rejected():
     lp = (torch.randn(B, C) - 1).requires_grad_()
     ref, mask = torch.randn(B, C) - 1, (torch.arange(C)[None] < torch.randint(1, C + 1, (B, 1))).float()
     rewards, groups = torch.rand(B), torch.arange(B) // 4
-    loss, _ = dpo_policy_loss(lp, lp.detach(), None, mask, ref, groups, rewards)
+    loss, _ = dpo_loss(lp, lp.detach(), None, mask, ref, groups, rewards)
     loss.backward()
     pairs = compute_dpo_pairs(rewards, groups)
     chosen, rejected = pairs[:, 0], pairs[:, 1]
@@ -154,7 +154,7 @@ def test_gradient_raises_chosen_and_lowers_rejected():
     others = torch.ones(B, dtype=torch.bool); others[pairs.flatten()] = False
     assert (lp.grad[others] == 0).all() and (lp.grad[~real] == 0).all()
     with torch.no_grad(): lp2 = lp - 0.1 * lp.grad  # one small step lowers the loss
-    assert dpo_policy_loss(lp2, lp2, None, mask, ref, groups, rewards)[0] < loss
+    assert dpo_loss(lp2, lp2, None, mask, ref, groups, rewards)[0] < loss
 
 
 # ---- the registry entry ----
@@ -243,9 +243,9 @@ def test_training_refuses_micro_batches_that_cut_groups():
 def test_bad_inputs_are_clear_errors():
     lp, mask = torch.zeros(4, 2), torch.ones(4, 2)
     with pytest.raises(ValueError, match="3 entries but `logprobs` has 4 rows"):
-        dpo_policy_loss(lp, lp, None, mask, lp, torch.zeros(3, dtype=torch.long), torch.zeros(3))
+        dpo_loss(lp, lp, None, mask, lp, torch.zeros(3, dtype=torch.long), torch.zeros(3))
     with pytest.raises(ValueError, match="ref_logprobs"):
-        dpo_policy_loss(lp, lp, None, mask, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), torch.zeros(4))
+        dpo_loss(lp, lp, None, mask, torch.zeros(4, 3), torch.zeros(4, dtype=torch.long), torch.zeros(4))
     with pytest.raises(ValueError, match="finite"):
-        dpo_policy_loss(lp, lp, None, mask, torch.full((4, 2), math.nan), torch.zeros(4, dtype=torch.long),
+        dpo_loss(lp, lp, None, mask, torch.full((4, 2), math.nan), torch.zeros(4, dtype=torch.long),
                         torch.zeros(4))

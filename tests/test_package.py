@@ -11,6 +11,7 @@ PUBLIC = {
     "core": "ModelConfig GenerationConfig Message Conversation Generation Rollout Batch TrainingConfig TrainingStats "
             "TrainingState CollatedBatch collate set_seed rollouts_to_jsonl rollouts_from_jsonl create_training_config "
             "model_device pad_token_id is_peft_model group_stats",
+    "checks": "check_2d check_finite check_finite_number rewards_1d resolve_group_ids",
     "cache": "default_cache_dir build_atomically load_from_folder LOCK_FILE FolderInUseError lock_holder folder_lock",
     "tasks": "get_task list_tasks load_jsonl_dataset extract_gsm8k_answer extract_number",
     "models": "load_model load_tokenizer apply_lora MODEL_LOADERS TOKENIZER_LOADERS",
@@ -40,7 +41,7 @@ PUBLIC = {
                   "get_algorithm_config",
     "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss "
                  "create_dapo_config gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
-    "dpo": "compute_dpo_pairs compute_dpo_loss dpo_policy_loss",
+    "dpo": "compute_dpo_pairs compute_dpo_loss dpo_loss",
     "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages "
            "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
