@@ -6,7 +6,8 @@
 #     from rlnb/*.py (the part "API reference" of nbs/_toc.yml), the `<module>.html.md` pages, llms.txt, MathJax
 #  2. jupyter-book builds _docs/src (nbs/_config.yml, nbs/_toc.yml)
 #  3. tools/docs_redirects.py: `core.html` -> `10_core.html`, ... (nbdev's page names)
-#  4. tools/docs_check.py: every `Docs:` link in rlnb/*.py and llms.txt, every image and local link resolves
+#  4. tools/docs_check.py: every `Docs:` link in rlnb/*.py and llms.txt, every image and local link resolves, and
+#     every module has its API page (else the build fails, naming what is missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)

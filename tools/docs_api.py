@@ -7,6 +7,7 @@ offline, takes well under a second and cannot run any code. What each page holds
 the comment nbdev's docments style puts beside each one (or on the line above it); a class's public methods follow it.
 
     python tools/docs_api.py rlnb OUT_DIR     # writes OUT_DIR/<module>.md for every module rlnb/__init__.py imports
+(tools/docs_prep.py also passes the modules the notebooks' `#| default_exp` name, e.g. rlnb.cli, not imported there)
 """
 import ast, io, re, sys, tokenize
 from pathlib import Path
@@ -222,9 +223,10 @@ def module_page(pkg: Path, mod: str, chapter: str | None) -> str:
 
 
 def write_pages(pkg: Path, out: Path, chapters: dict[str, str]) -> list[str]:
-    "Write out/<module>.md for each public module of `pkg`; returns the modules written, in order."
+    "Write out/<module>.md for each module `pkg/__init__.py` imports or a chapter exports; returns them, in order."
     out.mkdir(parents=True, exist_ok=True)
-    mods = sorted(modules(pkg), key=lambda m: (m not in chapters, chapters.get(m, "")))  # in the chapters' order
+    found = dict.fromkeys(modules(pkg) + [m for m in chapters if (pkg / f"{m}.py").exists()])  # + rlnb.cli
+    mods = sorted(found, key=lambda m: (m not in chapters, chapters.get(m, "")))  # in the chapters' order
     for mod in mods: (out / f"{mod}.md").write_text(module_page(pkg, mod, chapters.get(mod)))
     return mods
 

@@ -1,5 +1,6 @@
 """Check a built docs site: every `Docs:` link in rlnb's module docstrings, every link in llms.txt, every image and
-every local link of every page must point at a file of the site. Exits 1, naming each one missing.
+every local link of every page must point at a file of the site, and every module must have its API page. Exits 1,
+naming each one missing.
 
     python tools/docs_check.py _docs/_build/html [--pkg rlnb]
 
@@ -45,8 +46,10 @@ def doc_links(html: Path, pkg: Path, base: str) -> tuple[int, list[str]]:
     problems = []
     for where, url in urls:
         if not url.startswith(base): problems.append(f"{where}: {url} is not under the site's address {base}")
-        else:  # core.html.md: the page itself, core.html, must be there too
-            for rel in dict.fromkeys((url[len(base):], url[len(base):].removesuffix(".md"))):
+        else:  # core.html.md: the page itself, core.html and, for a module, its API page api/core.html
+            rel = url[len(base):]
+            api = [f"api/{rel.removesuffix('.html.md')}.html"] if where.endswith(".py") else []
+            for rel in dict.fromkeys([rel, rel.removesuffix(".md"), *api]):
                 if not (html / rel).is_file(): problems.append(f"{where}: {url} -> no {rel} in the site")
     return len(urls), problems
 
