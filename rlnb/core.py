@@ -1,4 +1,4 @@
-"""The records and tensors every other notebook passes around, the one run config, and the helpers every module shares.
+"""Records and tensors every notebook passes around, the one run config, and helpers every module shares.
 
 Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
@@ -240,7 +240,9 @@ def _signature_comments(
     return docs, None
 
 # %% ../nbs/10_core.ipynb #d0c9a1e4
-def document_parameters(*functions) -> None:
+def document_parameters(
+    *functions,  # functions defined in .py files; anything else (a class, a builtin, a notebook's function) is skipped
+) -> None:
     "Append each function's parameter comments (nbdev docments) to its `__doc__` as a 'Parameters:' list, for `help()`."
     sources = {}  # file -> its lines, read once
     for f in functions:
