@@ -63,3 +63,7 @@ from .tool_use import *  # the tool-use task: calculator demonstrations, SFT sta
 core.document_fields(*(v for v in dict(globals()).values()
                        if isinstance(v, type) and issubclass(v, tuple) and hasattr(v, "_fields")
                        and getattr(v, "__module__", "").startswith("rlnb.")))
+# `help(rlnb.train)` lists each parameter's comment (the `# ...` beside it in the signature) under "Parameters:"
+core.document_parameters(*(getattr(module, name) for module in list(globals().values())
+                           if getattr(module, "__name__", "").startswith("rlnb.") and hasattr(module, "__file__")
+                           for name in getattr(module, "__all__", ())))

@@ -19,7 +19,9 @@ __all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'write_atomical
            'FolderInUseError', 'lock_holder', 'folder_lock', 'die_with_parent']
 
 # %% ../nbs/11_cache.ipynb #8bc44f7e
-def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+def default_cache_dir(
+    cache_dir: str | os.PathLike | None = None,  # a folder chosen by the caller; None: the environment's or the default
+) -> Path:
     "Where rlnb caches what it builds: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
     return Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
 
@@ -59,16 +61,6 @@ def write_atomically(
     return path
 
 # %% ../nbs/11_cache.ipynb #281b2e9e
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def _damaged_file_error(e: BaseException) -> bool:
-    "Errors a damaged or truncated weight file raises (not: out of memory, a missing package, a wrong argument)."
-    if type(e).__name__ in ("OutOfMemoryError",) or isinstance(e, (ImportError, TypeError, MemoryError)): return False
-    if isinstance(e, (OSError, ValueError, EOFError, RuntimeError)): return True
-    return type(e).__name__ in ("SafetensorError", "UnpicklingError")
-
-
 @contextlib.contextmanager
 def quiet_progress_bars(
     errors_only: bool = False,  # also silence transformers' info and warning logs (a conversion's chatter)
@@ -85,6 +77,16 @@ def quiet_progress_bars(
     finally:
         hf_logging.set_verbosity(level)
         if was_on: hf_logging.enable_progress_bar()
+
+# %% ../nbs/11_cache.ipynb #281b2e02
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _damaged_file_error(e: BaseException) -> bool:
+    "Errors a damaged or truncated weight file raises (not: out of memory, a missing package, a wrong argument)."
+    if type(e).__name__ in ("OutOfMemoryError",) or isinstance(e, (ImportError, TypeError, MemoryError)): return False
+    if isinstance(e, (OSError, ValueError, EOFError, RuntimeError)): return True
+    return type(e).__name__ in ("SafetensorError", "UnpicklingError")
 
 
 def load_from_folder(
@@ -118,7 +120,7 @@ def _forget_locks_in_child() -> None:
 
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_locks_in_child)
 
-
+# %% ../nbs/11_cache.ipynb #efe72802
 class FolderInUseError(RuntimeError):
     "Another process holds the folder's lock; `holder` says who (pid, host, purpose, since)."
     def __init__(self, folder: Path, holder: dict):
@@ -129,7 +131,7 @@ class FolderInUseError(RuntimeError):
 
     def __reduce__(self): return type(self), (self.folder, self.holder)  # crosses process boundaries (a sweep's runs)
 
-
+# %% ../nbs/11_cache.ipynb #efe72804
 def _read_holder(path: Path) -> dict:
     try: holder = json.loads(path.read_text() or "{}")
     except (OSError, ValueError): return {}
@@ -154,7 +156,7 @@ def lock_holder(
         return None  # we could take it: nobody holds it (closing the file lets go again)
     finally: os.close(fd)
 
-
+# %% ../nbs/11_cache.ipynb #efe72806
 def _take(fd: int, path: Path, folder: Path, wait_s: float = 2.0) -> bool:
     "flock `fd` exclusively, retrying for `wait_s` (someone may be only asking who holds it); False: no locks here."
     deadline = time.monotonic() + wait_s

@@ -1,4 +1,4 @@
-"""Render a conversation with the tokenizer's own chat template, and split a reasoning model's completion into its thinking and its answer.
+"""Conversations rendered with the tokenizer's chat template; completions split into their thinking and answer.
 
 Docs: https://rlnb.github.io/rlnb/chat.html.md"""
 
@@ -15,19 +15,12 @@ from .core import Conversation, Message
 __all__ = ['as_conversation', 'apply_chat_template', 'format_prompt', 'ParsedThinking', 'parse_thinking']
 
 # %% ../nbs/15_chat.ipynb #db6a7882
-def _message_dict(message: Message) -> dict:
-    "A Message as the dict a transformers chat template expects."
-    d = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        d["tool_calls"] = [{"type": "function",
-                            "function": {"name": c.get("name"), "arguments": c.get("arguments", {})}}
-                           for c in message.tool_calls]
-    if message.tool_call_id is not None: d["tool_call_id"] = message.tool_call_id
-    return d
-
-
-def as_conversation(conversation, fn: str, name: str = "conversation") -> Conversation:
-    "Accept a Conversation, or a list of Messages / {'role', 'content'} dicts."
+def as_conversation(
+    conversation,  # a Conversation, or a list of Messages or {"role": ..., "content": ...} dicts
+    fn: str,  # the caller's name, for the error message
+    name: str = "conversation",  # the caller's name for the argument, for the error message
+) -> Conversation:
+    "`conversation` as a Conversation (from a list of Messages or role/content dicts); else a TypeError naming it."
     if isinstance(conversation, Conversation): return conversation
     if isinstance(conversation, (list, tuple)):
         msgs = []
@@ -37,6 +30,17 @@ def as_conversation(conversation, fn: str, name: str = "conversation") -> Conver
             else: raise TypeError(f"{fn}: {name}[{i}] must be a Message or a dict with 'role' and 'content', got {m!r}")
         return Conversation(tuple(msgs))
     raise TypeError(f"{fn}: `{name}` must be a Conversation or a list of messages, got {type(conversation).__name__}")
+
+# %% ../nbs/15_chat.ipynb #db6a7803
+def _message_dict(message: Message) -> dict:
+    "A Message as the dict a transformers chat template expects."
+    d = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        d["tool_calls"] = [{"type": "function",
+                            "function": {"name": c.get("name"), "arguments": c.get("arguments", {})}}
+                           for c in message.tool_calls]
+    if message.tool_call_id is not None: d["tool_call_id"] = message.tool_call_id
+    return d
 
 
 def apply_chat_template(
@@ -116,7 +120,7 @@ def _token_ids(ids, tokenizer, fn: str, name: str) -> list[int]:
         checked.append(value)
     return checked
 
-
+# %% ../nbs/15_chat.ipynb #c2bd3201
 def parse_thinking(
     text_or_ids: str | Sequence[int],  # completion text, or its token ids (then `tokenizer` is required)
     tokenizer=None,  # used to find the end-of-thinking marker and to decode ids

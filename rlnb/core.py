@@ -1,4 +1,4 @@
-"""The records and tensors every other notebook passes around, the one run config, and the helpers every module shares.
+"""Records and tensors every notebook passes around, the one run config, and helpers every module shares.
 
 Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/10_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, reprlib, tempfile, warnings
+import difflib, inspect, json, math, os, random, re, reprlib, sys, tempfile, warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -15,10 +15,11 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['CONFIG_MAXIMA', 'CONTROL_CHARACTERS', 'ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation',
-           'Rollout', 'Batch', 'TrainingConfig', 'document_fields', 'TrainingStats', 'TrainingState',
-           'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch', 'collate',
-           'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl',
-           'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats', 'group_stats']
+           'Rollout', 'Batch', 'TrainingConfig', 'document_fields', 'document_parameters', 'TrainingStats',
+           'TrainingState', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch',
+           'collate', 'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl',
+           'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats',
+           'group_stats']
 
 # %% ../nbs/10_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -158,22 +159,107 @@ class TrainingConfig(NamedTuple):
     max_seconds: float | None = None  # wall-time budget of the loop (a checkpoint is still written)
     num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
 
+# %% ../nbs/10_core.ipynb #b1e540e0
+def _source_lines(
+    path: str,  # a module's file
+    cache: dict,  # path -> lines, filled as files are read
+) -> list[str]:
+    "The lines of a .py file, read once per `cache`; an error for anything else (a notebook cell's made-up name)."
+    if path not in cache:
+        cache[path] = Path(path).read_text(encoding="utf-8").splitlines() if path.endswith(".py") else None
+    if cache[path] is None: raise FileNotFoundError(path)
+    return cache[path]
+
 # %% ../nbs/10_core.ipynb #b1e540ee
-def document_fields(*records) -> None:
+def _copy_field_comments(
+    cls,  # a NamedTuple class
+    body: list[str],  # the source lines after its `class` line
+) -> None:
+    "Set each field's `__doc__` to its comment in `body` (beside it, or on the line above), until the class ends."
+    above = None  # a comment line waiting for the field below it
+    for line in body:
+        if line.strip() and not line[0].isspace(): break  # the class's body ended
+        if m := re.match(r"\s+#\s*(.+)$", line):
+            above = m.group(1).strip()
+            continue
+        m = re.match(r"\s+(\w+)\s*:[^#]*(?:#\s*(.+))?$", line)
+        if m and m.group(1) in getattr(cls, "_fields", ()):
+            doc = m.group(2) or above
+            if doc: getattr(cls, m.group(1)).__doc__ = doc.strip()
+        above = None
+
+
+def document_fields(
+    *records,  # NamedTuple classes defined in a .py file (a notebook's own classes have no source to read)
+) -> None:
     "Give each NamedTuple field its comment (beside it, or on the line above) as `__doc__`, for `help()`."
+    sources = {}
     for cls in records:
-        try: source = inspect.getsource(cls)
-        except (OSError, TypeError): continue  # no source file exists (a notebook kernel): nothing to copy
-        above = None  # a comment line waiting for the field below it
-        for line in source.splitlines():
-            if m := re.match(r"\s+#\s*(.+)$", line): above = m.group(1).strip(); continue
-            m = re.match(r"\s+(\w+)\s*:[^#]*(?:#\s*(.+))?$", line)
-            if m and m.group(1) in getattr(cls, "_fields", ()):
-                doc = m.group(2) or above
-                if doc: getattr(cls, m.group(1)).__doc__ = doc.strip()
-            above = None
+        for klass in cls.__mro__[:-2]:  # the class, then its own bases (Batch's fields are _BatchFields'); not tuple
+            try:
+                lines = _source_lines(sys.modules[klass.__module__].__file__, sources)
+                start = next(k for k, line in enumerate(lines) if re.match(rf"class\s+{klass.__name__}\b", line))
+            except Exception: continue  # no source file (a notebook kernel's class): nothing to copy
+            _copy_field_comments(cls, lines[start + 1:])
 
 document_fields(ModelConfig, GenerationConfig, TrainingConfig)
+
+# %% ../nbs/10_core.ipynb #d0c9a1e2
+_COMMENT = re.compile(r"""((?:[^#"']|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')*)#\s?(.*)""")  # code, then its comment
+_STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'""")  # a one-line string literal
+_DEF = re.compile(r"\s*(?:async\s+)?def\s+(\w+)\s*\(")
+
+
+def _split_comment(line: str) -> tuple[str, str | None]:
+    "A source line's code and its trailing comment (None without one); a '#' inside a string is code."
+    m = _COMMENT.fullmatch(line) if "#" in line else None
+    return (m.group(1), m.group(2).strip()) if m else (line, None)
+
+
+def _signature_comments(
+    lines: list[str],  # a module's source lines
+    start: int,  # index of the line with `def name(`
+    names: tuple,  # the function's parameter names
+) -> tuple[dict, str | None]:
+    "Each parameter's comment (beside it or on the line above) and the return's (`) -> T:  # ...`) in a signature."
+    docs, above, depth = {}, None, 1  # depth: brackets open, the `(` of `def name(` included
+    for k in range(start, min(start + 200, len(lines))):  # 200: no signature is longer; a bad guess stops there
+        code, comment = _split_comment(lines[k])
+        if k == start: code = code[code.index("(") + 1:]  # what follows `def name(`
+        if not code.strip():  # a comment line: it documents the parameter below it
+            above = comment
+            continue
+        param = re.match(r"\s*\*{0,2}(\w+)", code) if depth == 1 else None  # a parameter starts this line
+        plain = _STRING.sub("", code)
+        depth += plain.count("(") + plain.count("[") + plain.count("{")
+        depth -= plain.count(")") + plain.count("]") + plain.count("}")
+        if depth <= 0 and k == start: return {}, None  # a one-line signature: its comment is not a parameter's
+        if param and param.group(1) in names and (comment or above): docs.setdefault(param.group(1), comment or above)
+        above = None
+        if depth <= 0: return docs, (comment if not param else None)  # the closing line: `) -> T:  # comment`
+    return docs, None
+
+# %% ../nbs/10_core.ipynb #d0c9a1e4
+def document_parameters(
+    *functions,  # functions defined in .py files; anything else (a class, a builtin, a notebook's function) is skipped
+) -> None:
+    "Append each function's parameter comments (nbdev docments) to its `__doc__` as a 'Parameters:' list, for `help()`."
+    sources = {}  # file -> its lines, read once
+    for f in functions:
+        try:
+            code = inspect.unwrap(f).__code__  # a contextmanager's wrapper: the function it wraps
+            if re.search(r"\n(Parameters:\n|Returns: )", f.__doc__ or ""): continue  # done already
+            lines = _source_lines(code.co_filename, sources)  # a notebook's function has no file: left alone
+            n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
+            names = code.co_varnames[:n + bool(code.co_flags & inspect.CO_VARKEYWORDS)]
+            start = next(k for k in range(code.co_firstlineno - 1, len(lines))  # past any decorators
+                         if (m := _DEF.match(lines[k])) and m.group(1) == code.co_name)
+            docs, returns = _signature_comments(lines, start, names)
+        except Exception: continue  # no source file, a builtin, a class, a file changed since: leave it alone
+        if not docs and not returns: continue
+        section = ["Parameters:", *(f"    {name}: {docs[name]}" for name in names if name in docs)] if docs else []
+        section += [f"Returns: {returns}"] if returns else []
+        f.__doc__ = (f.__doc__ or "").rstrip() + "\n\n" + "\n".join(section)
 
 # %% ../nbs/10_core.ipynb #0a12b30b
 class TrainingStats(NamedTuple):
@@ -207,18 +293,22 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
     "max_seconds": (0, False), "num_threads": (1, True),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
-CONFIG_MAXIMA = {  # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends
+# field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends; public because
+# other checks share it (e.g. $RLNB_NUM_THREADS gets num_threads' range)
+CONFIG_MAXIMA = {
     "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 10_000,
     "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
     "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
     "beta": 1e6, "temperature": 100.0}
 # prompts_per_step x group_size: completions sampled per iteration, each with (C, vocabulary) logits in training
 _MAX_ROWS = 65_536
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # control characters: no model name or folder holds one
+# C0 and C1 control characters (NUL, newline, escape, ...): no model name, hub id or folder holds one, so a name that
+# does was mangled on its way in; `.search(name)` finds the first
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
             "task_format": ("auto", "plain", "chat")}
 
-
+# %% ../nbs/10_core.ipynb #cfa1b002
 def _field_value(name: str, value, annotation: str):
     "`value` checked against its annotation ('int', 'float | None', ...); ints pass as floats, nothing else converts."
     # NamedTuple keeps a ForwardRef
@@ -272,23 +362,7 @@ def create_training_config(
     _warn_ignored(values, set(changes))
     return TrainingConfig(**values)
 
-
-def _check_combined(values: dict) -> None:
-    "The rules between fields: the iteration's size, the names, beta given once, what sampling needs."
-    if values["seed"] < -(2**63):
-        raise ValueError(f"TrainingConfig: `seed` must be >= -2**63 (torch's range), got {values['seed']!r}")
-    rows = values["prompts_per_step"] * values["group_size"]
-    if rows > _MAX_ROWS:
-        raise ValueError(f"TrainingConfig: prompts_per_step x group_size = {values['prompts_per_step']:,} x "
-                         f"{values['group_size']:,} = {rows:,} completions per iteration; the limit is {_MAX_ROWS:,}")
-    _check_names(values)
-    options = values["algorithm_options"] or {}
-    if values["beta"] is not None and "beta" in options:
-        raise ValueError(f"TrainingConfig: `beta` is given twice, as a field ({values['beta']!r}) and in "
-                         f"algorithm_options ({options['beta']!r}); give it once")
-    _check_sampling(values)
-
-
+# %% ../nbs/10_core.ipynb #cfa1b004
 def _check_names(values: dict) -> None:
     "`model` and `output_dir` name things: not blank, and no control character (a NUL byte fails late, in the OS)."
     if not values["model"].strip():
@@ -314,7 +388,23 @@ def _check_sampling(values: dict) -> None:
         raise ValueError(f"TrainingConfig: `overlong_buffer`={buffer} must be < max_new_tokens={budget}: the "
                          "length penalty ramps up over the last overlong_buffer tokens of the completion budget")
 
+# %% ../nbs/10_core.ipynb #cfa1b005
+def _check_combined(values: dict) -> None:
+    "The rules between fields: the iteration's size, the names, beta given once, what sampling needs."
+    if values["seed"] < -(2**63):
+        raise ValueError(f"TrainingConfig: `seed` must be >= -2**63 (torch's range), got {values['seed']!r}")
+    rows = values["prompts_per_step"] * values["group_size"]
+    if rows > _MAX_ROWS:
+        raise ValueError(f"TrainingConfig: prompts_per_step x group_size = {values['prompts_per_step']:,} x "
+                         f"{values['group_size']:,} = {rows:,} completions per iteration; the limit is {_MAX_ROWS:,}")
+    _check_names(values)
+    options = values["algorithm_options"] or {}
+    if values["beta"] is not None and "beta" in options:
+        raise ValueError(f"TrainingConfig: `beta` is given twice, as a field ({values['beta']!r}) and in "
+                         f"algorithm_options ({options['beta']!r}); give it once")
+    _check_sampling(values)
 
+# %% ../nbs/10_core.ipynb #cfa1b006
 def _warn_ignored(values: dict, given: set) -> None:
     "Warn about settings given that cannot act: an evaluation size without evaluations, a warm-up longer than the run."
     if ({"eval_size", "eval_every"} & given and values["eval_every"] == 0
@@ -371,23 +461,21 @@ class CollatedBatch(NamedTuple):
     values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
 
 # %% ../nbs/10_core.ipynb #c0f06b84
-def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:
-    "Stack 1-d tensors into (N, L), padding on the right (or left) with `value`."
-    L = max([min_len] + [len(s) for s in seqs])
-    out = torch.full((len(seqs), L), value, dtype=seqs[0].dtype)
-    for i, s in enumerate(seqs):  # a copy per row; the work is in C
-        if left: out[i, L - len(s):] = s
-        else: out[i, :len(s)] = s
-    return out
-
-
-def _check_lengths(rollouts: Sequence[Rollout], field: str):
-    "Per-token `field` must have one entry per completion token."
+def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
+    "What `collate` refuses, with the rollout and the field at fault named."
+    if len(rollouts) == 0: raise ValueError("collate: `rollouts` is empty; expected at least one Rollout")
+    if pad_token_id is None: raise ValueError("collate: `pad_token_id` is None; pass the tokenizer's pad (or EOS) id")
     for i, r in enumerate(rollouts):
-        v = getattr(r, field)
-        if v is not None and len(v) != len(r.token_ids):
-            raise ValueError(f"collate: rollouts[{i}].{field} has {len(v)} entries "
-                             f"but token_ids has {len(r.token_ids)}")
+        if not isinstance(r, Rollout):
+            raise TypeError(f"collate: rollouts[{i}] is a {type(r).__name__}, expected a Rollout")
+        if len(r.prompt_token_ids) == 0:
+            raise ValueError(f"collate: rollouts[{i}].prompt_token_ids is empty; at least one prompt token "
+                             "(e.g. BOS) is needed to predict the first completion token")
+        for field in ("loss_mask", "logprobs", "ref_logprobs"):  # one entry per completion token
+            v = getattr(r, field)
+            if v is not None and len(v) != len(r.token_ids):
+                raise ValueError(f"collate: rollouts[{i}].{field} has {len(v)} entries "
+                                 f"but token_ids has {len(r.token_ids)}")
 
 
 def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
@@ -404,7 +492,35 @@ def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
                          f"got {vals[int(bad.nonzero()[0])]!r}")
     return out
 
+# %% ../nbs/10_core.ipynb #c0f06b02
+def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:
+    "Stack 1-d tensors into (N, L), padding on the right (or left) with `value`."
+    L = max([min_len] + [len(s) for s in seqs])
+    out = torch.full((len(seqs), L), value, dtype=seqs[0].dtype)
+    for i, s in enumerate(seqs):  # a copy per row; the work is in C
+        if left: out[i, L - len(s):] = s
+        else: out[i, :len(s)] = s
+    return out
 
+
+def _loss_mask(
+    rollouts: Sequence[Rollout],
+    completion_ids: Tensor,  # (B, C) long
+    completion_mask: Tensor,  # (B, C) float, 1 on real completion tokens
+    eos_token_id: int | None,
+) -> Tensor:
+    "(B, C) float: 1 where the policy chose the token; without a rollout's own mask, not after its first EOS."
+    B, C = completion_ids.shape
+    own = [torch.ones(len(r.token_ids)) if r.loss_mask is None
+           else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
+    loss_mask = _pad(own, 0.0, min_len=C) * completion_mask  # (B, C)
+    if eos_token_id is None: return loss_mask
+    is_eos = (completion_ids == eos_token_id) & completion_mask.bool()  # (B, C)
+    first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))  # (B,) first EOS, or C
+    explicit = torch.tensor([r.loss_mask is not None for r in rollouts])  # (B,) a multi-turn stream has EOS mid-way
+    return loss_mask * ((torch.arange(C)[None, :] <= first[:, None]) | explicit[:, None]).float()
+
+# %% ../nbs/10_core.ipynb #c0f06b04
 def collate(
     rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
     pad_token_id: int,  # id written into padding positions (may equal the EOS id)
@@ -413,36 +529,17 @@ def collate(
 ) -> CollatedBatch:
     "Pad rollouts into training tensors: prompts left-padded to P, completions right-padded to C."
     if isinstance(rollouts, Batch): rollouts = rollouts.rollouts
-    if len(rollouts) == 0: raise ValueError("collate: `rollouts` is empty; expected at least one Rollout")
-    if pad_token_id is None: raise ValueError("collate: `pad_token_id` is None; pass the tokenizer's pad (or EOS) id")
-    for i, r in enumerate(rollouts):
-        if not isinstance(r, Rollout):
-            raise TypeError(f"collate: rollouts[{i}] is a {type(r).__name__}, expected a Rollout")
-        if len(r.prompt_token_ids) == 0:
-            raise ValueError(f"collate: rollouts[{i}].prompt_token_ids is empty; at least one prompt token "
-                             "(e.g. BOS) is needed to predict the first completion token")
-    for f in ("loss_mask", "logprobs", "ref_logprobs"): _check_lengths(rollouts, f)
-
+    _check_rollouts(rollouts, pad_token_id)
     long = lambda xs: torch.as_tensor(list(xs), dtype=torch.long)
     prompt = _pad([long(r.prompt_token_ids) for r in rollouts], pad_token_id, left=True)  # (B, P)
     comp = [long(r.token_ids) for r in rollouts]
     completion_ids = _pad(comp, pad_token_id, min_len=1)  # (B, C)
     B, C = completion_ids.shape
     lengths = torch.tensor([len(c) for c in comp])  # (B,)
-    cols = torch.arange(C)  # (C,)
-    completion_mask = (cols[None, :] < lengths[:, None]).float()  # (B, C)
+    completion_mask = (torch.arange(C)[None, :] < lengths[:, None]).float()  # (B, C)
     prompt_lengths = torch.tensor([len(r.prompt_token_ids) for r in rollouts])  # (B,)
     prompt_mask = (torch.arange(prompt.shape[1])[None, :] >= prompt.shape[1] - prompt_lengths[:, None]).long()  # (B, P)
-
-    own = [torch.ones(len(r.token_ids)) if r.loss_mask is None
-           else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
-    loss_mask = _pad(own, 0.0, min_len=C) * completion_mask  # (B, C)
-    if eos_token_id is not None:  # a rollout without its own loss_mask learns nothing after its first EOS
-        is_eos = (completion_ids == eos_token_id) & completion_mask.bool()  # (B, C)
-        # (B,) index of first EOS, or C
-        first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))
-        explicit = torch.tensor([r.loss_mask is not None for r in rollouts])  # (B,) a multi-turn stream has EOS mid-way
-        loss_mask = loss_mask * ((cols[None, :] <= first[:, None]) | explicit[:, None]).float()
+    loss_mask = _loss_mask(rollouts, completion_ids, completion_mask, eos_token_id)  # (B, C)
 
     def per_token(field):
         vals = [getattr(r, field) for r in rollouts]
@@ -459,8 +556,11 @@ def collate(
         old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1])
 
 # %% ../nbs/10_core.ipynb #f6678500
-def check_seed(seed, fn: str) -> int:
-    "`seed`, if it is an int in torch's range (what torch.manual_seed and a Generator accept); else an error naming it."
+def check_seed(
+    seed,  # the seed to check: an int in [-2**63, 2**64 - 1]
+    fn: str,  # the caller's name, for the error message
+) -> int:  # `seed` itself
+    "`seed` if it is an int in torch's range (what torch.manual_seed and a Generator accept), else an error."
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"{fn}: `seed` must be an int, got {seed!r}")
     if not -(2**63) <= seed <= 2**64 - 1:
@@ -468,7 +568,9 @@ def check_seed(seed, fn: str) -> int:
     return seed
 
 
-def set_seed(seed: int) -> int:
+def set_seed(
+    seed: int,  # any int in [-2**63, 2**64 - 1] (numpy gets it modulo 2**32)
+) -> int:
     "Seed python's `random`, numpy (if installed) and torch (CPU and every GPU). Returns `seed`."
     check_seed(seed, "set_seed")
     random.seed(seed)
@@ -483,7 +585,9 @@ def set_seed(seed: int) -> int:
 _RECORDS = {c.__name__: c for c in (ModelConfig, GenerationConfig, Message, Conversation, Generation, Rollout,
                                     TrainingConfig, TrainingStats)}
 
-def to_jsonable(x: Any) -> Any:
+def to_jsonable(
+    x: Any,  # a record, tensor, tuple, list, dict (str keys) or JSON scalar, nested in any way
+) -> Any:
     "Turn records, tuples and tensors into JSON-compatible values, tagged so `from_jsonable` can undo it."
     if isinstance(x, Tensor):
         return {"__tensor__": (x.detach().cpu().float().tolist() if x.dtype == torch.bfloat16
@@ -502,8 +606,10 @@ def to_jsonable(x: Any) -> Any:
     raise TypeError(f"to_jsonable: cannot serialise a {type(x).__name__}")
 
 # %% ../nbs/10_core.ipynb #324af30c
-def from_jsonable(x: Any) -> Any:
-    "Inverse of `to_jsonable`."
+def from_jsonable(
+    x: Any,  # what `to_jsonable` returned, e.g. read back with json.loads
+) -> Any:
+    "Inverse of `to_jsonable`: records, tuples and tensors (dtype and shape included) as they were."
     if isinstance(x, list): return [from_jsonable(v) for v in x]
     if not isinstance(x, dict): return x
     if "__tensor__" in x:
@@ -519,14 +625,19 @@ def from_jsonable(x: Any) -> Any:
     return {k: from_jsonable(v) for k, v in x.items()}
 
 # %% ../nbs/10_core.ipynb #15b4e53c
-def rollouts_to_jsonl(rollouts: Sequence[Rollout], path: str | Path, append: bool = False) -> Path:
+def rollouts_to_jsonl(
+    rollouts: Sequence[Rollout],  # what to write, one JSON object per line
+    path: str | Path,  # the file (its folder is created if missing)
+    append: bool = False,  # add to the end of an existing file instead of replacing it
+) -> Path:
     "Write rollouts to `path`, one JSON object per line (append to the file if `append`)."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(to_jsonable(r)) for r in rollouts]
     with open(path, "a" if append else "w") as f:
         f.write("".join(l + "\n" for l in lines))
-        f.flush(); os.fsync(f.fileno())
+        f.flush()
+        os.fsync(f.fileno())  # on the disk before we return: a crash right after loses nothing written
     return path
 
 # %% ../nbs/10_core.ipynb #00bafbb2
@@ -542,7 +653,7 @@ def _numbers(x) -> bool:  # bools count, as 0 and 1
 
 _ROLLOUT_STATUSES = ("completed", "truncated", "aborted", "failed")  # how a rollout ended (`Rollout.status`)
 
-
+# %% ../nbs/10_core.ipynb #00baf002
 def _generation_ok(g) -> bool:
     "Whether a rollout's `generation`, read from a file, is a Generation record of the right types."
     if not isinstance(g, Generation) or not isinstance(g.text, str): return False
@@ -572,8 +683,10 @@ def _rollout_type_problem(r: Rollout) -> str | None:
     bad = [f"`{name}` must be {want}, got {reprlib.repr(getattr(r, name))}" for name, ok, want in checks if not ok]
     return "; ".join(bad) or None
 
-
-def rollouts_from_jsonl(path: str | Path) -> list[Rollout]:
+# %% ../nbs/10_core.ipynb #00baf004
+def rollouts_from_jsonl(
+    path: str | Path,  # a file written by `rollouts_to_jsonl`
+) -> list[Rollout]:
     "Read rollouts written by `rollouts_to_jsonl`."
     out = []
     with open(path, "rb") as f:
@@ -617,7 +730,9 @@ def check_tool_calls(
     return calls
 
 # %% ../nbs/10_core.ipynb #9861db0d
-def model_device(model) -> torch.device:
+def model_device(
+    model,  # a torch module
+) -> torch.device:
     "The device of `model`'s first parameter (where its inputs go); the CPU for a model without parameters."
     try: return next(model.parameters()).device
     except (StopIteration, AttributeError): return torch.device("cpu")
@@ -635,7 +750,9 @@ def pad_token_id(
     return pad
 
 # %% ../nbs/10_core.ipynb #4ac7b029
-def is_peft_model(model) -> bool:
+def is_peft_model(
+    model,  # any model
+) -> bool:
     "True for a peft model (LoRA adapters): its reference is itself with the adapters off, its checkpoint the adapters."
     try: from peft import PeftModel
     except ImportError: return False

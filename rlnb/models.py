@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer from one `ModelConfig` (a registered loader or `transformers`), and wrap it in LoRA adapters.
+"""Load a causal LM and its tokenizer from one `ModelConfig` (a registered loader or transformers), with LoRA.
 
 Docs: https://rlnb.github.io/rlnb/models.html.md"""
 
@@ -97,7 +97,7 @@ def _resolve_dtype(dtype, device: torch.device, fn: str = "load_model") -> torch
     if isinstance(dtype, str) and dtype.removeprefix("torch.") in _DTYPES: return _DTYPES[dtype.removeprefix("torch.")]
     raise ValueError(f"{fn}: `dtype` must be 'auto', a torch.dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
 
-
+# %% ../nbs/13_models.ipynb #1460f702
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # a Hugging Face id: "name" or "namespace/name"
 
 
@@ -200,9 +200,11 @@ def prepare_tokenizer(
 
 
 # %% ../nbs/13_models.ipynb #a844108c
-def auto_tokenizer(path: str, trust_remote_code: bool = False):
+def auto_tokenizer(
+    path: str,  # a local folder or a Hugging Face id
+    trust_remote_code: bool = False,  # run the tokenizer's own Python from the hub (off unless asked)
+):
     "`AutoTokenizer.from_pretrained`, but a local folder declaring a generic tokenizer gets exactly its tokenizer.json."
-    import os
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     config_file = os.path.join(path, "tokenizer_config.json")
@@ -215,7 +217,7 @@ def auto_tokenizer(path: str, trust_remote_code: bool = False):
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     return tokenizer
 
-
+# %% ../nbs/13_models.ipynb #a8441002
 def load_tokenizer(
     config: ModelConfig | str | None = None,  # what to load; a string is a `model_name_or_path`; None = "tiny"
     # custom loader `config -> tokenizer`; None = TOKENIZER_LOADERS or transformers

@@ -92,7 +92,9 @@ def dequantize_gguf(
         raise ValueError(f"load_gguf: transformers could not load {path} ({type(e).__name__}: {e})") from e
     _forget_quantization(model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with quiet_progress_bars(errors_only=True): model.save_pretrained(out_dir); tokenizer.save_pretrained(out_dir)
+    with quiet_progress_bars(errors_only=True):
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
     source = dict(info, source=str(path), size=path.stat().st_size)
     (out_dir / GGUF_SOURCE_FILE).write_text(json.dumps(source, indent=1))  # last: marks the folder complete
     return out_dir

@@ -48,14 +48,18 @@ def _text(value, fn: str, name: str) -> str:
     return value
 
 
-def parse_number(text: str) -> Decimal | None:
+def parse_number(
+    text: str,  # a string that should be one number, e.g. " 1,234 " (an int or float is read as its str)
+) -> Decimal | None:
     "The number that `text` is (thousands commas, sign, decimals allowed; whitespace around ignored), else None."
     if isinstance(text, (int, float)) and not isinstance(text, bool): text = str(text)
     text = _text(text, "parse_number", "text").strip()
     return Decimal(text.replace(",", "")) if _FULL_NUMBER_RE.fullmatch(text) else None
 
 # %% ../nbs/12_tasks.ipynb #c45a0cdf
-def extract_number(text: str) -> str | None:
+def extract_number(
+    text: str,  # free text, e.g. a worked solution
+) -> str | None:
     "The last number in `text`, without thousands commas or a leading '+': 'costs $1,234.50' -> '1234.50'."
     found = _NUMBER_RE.findall(_text(text, "extract_number", "text"))
     return found[-1].replace(",", "").lstrip("+") if found else None
@@ -67,13 +71,19 @@ def _answer_number(answer, fn: str) -> Decimal:
     return value
 
 
-def check_number(completion_text: str, answer: str) -> bool:
+def check_number(
+    completion_text: str,  # the model's completion
+    answer: str,  # the reference answer, a number as text
+) -> bool:
     "True when the whole completion (whitespace aside) is a number equal to `answer`: '3.50' matches '3.5'."
     got = parse_number(_text(completion_text, "check_number", "completion_text"))
     return got is not None and got == _answer_number(answer, "check_number")
 
 # %% ../nbs/12_tasks.ipynb #0f594509
-def check_exact(completion_text: str, answer: str) -> bool:
+def check_exact(
+    completion_text: str,  # the model's completion
+    answer: str,  # the reference answer
+) -> bool:
     "True when the completion equals `answer`, surrounding whitespace aside."
     return _text(completion_text, "check_exact", "completion_text").strip() == str(answer).strip()
 
@@ -118,13 +128,17 @@ def safe_eval(
         raise ValueError(f"safe_eval: `expr` is nested too deeply to evaluate ({len(expr)} characters)") from None
 
 # %% ../nbs/12_tasks.ipynb #16b90c95
-def expression_numbers(expr: str) -> list[int]:
+def expression_numbers(
+    expr: str,  # an arithmetic expression, e.g. "(8-3)*4"
+) -> list[int]:
     "The integer literals of a valid arithmetic expression, in order: '(3+5)*7' -> [3, 5, 7]."
     safe_eval(expr)  # raises on anything that is not an expression
     return [int(m) for m in re.findall(r"\d+", expr)]
 
 # %% ../nbs/12_tasks.ipynb #1c294c78
-def make_reward_fn(check: Callable) -> Callable:
+def make_reward_fn(
+    check: Callable,  # check(completion_text, answer) -> bool
+) -> Callable:  # reward_fn(rollout) -> 1.0 or 0.0
     "A reward function: 1.0 when `check(completion text, rollout.answer)` holds, else 0.0."
     def reward_fn(rollout) -> float:
         if rollout.answer is None:
@@ -162,7 +176,9 @@ def addition_task(
     "Add two non-negative integers: '12+34=' -> '46'."
     _check_int("addition_task", "digits", digits, 1, 18)
     high = 10**digits - 1
-    if max_value is not None: _check_int("addition_task", "max_value", max_value, 0); high = min(high, max_value)
+    if max_value is not None:
+        _check_int("addition_task", "max_value", max_value, 0)
+        high = min(high, max_value)
     def make_example(rng):
         a, b = rng.randint(0, high), rng.randint(0, high)
         return TaskExample(f"{a}+{b}=", str(a + b), {"operands": (a, b), "question": f"What is {a} + {b}?"})
@@ -193,7 +209,10 @@ def arithmetic_task(
     return make_task("arithmetic", make_example, check_number, {"terms": terms, "max_value": max_value, "ops": ops})
 
 # %% ../nbs/12_tasks.ipynb #090fb0f0
-def check_countdown(completion_text: str, answer: str) -> bool:
+def check_countdown(
+    completion_text: str,  # an expression written by the model, e.g. "(8-3)*4"
+    answer: str,  # the reference expression, e.g. "(8-3)*4": its numbers and its value
+) -> bool:
     "True when the completion uses exactly the reference expression's numbers and reaches its value."
     completion_text = _text(completion_text, "check_countdown", "completion_text").strip()
     try: value, numbers = safe_eval(completion_text), sorted(expression_numbers(completion_text))
@@ -276,7 +295,9 @@ def get_task(
     return factory(**difficulty)
 
 # %% ../nbs/12_tasks.ipynb #be46a525
-def extract_gsm8k_answer(text: str) -> str | None:
+def extract_gsm8k_answer(
+    text: str,  # a GSM8K solution, ending in "#### <answer>"
+) -> str | None:
     "The number after the last '####' of a GSM8K solution ('... #### 1,234' -> '1234'), else None."
     marker = _text(text, "extract_gsm8k_answer", "text").rfind("####")
     return extract_number(text[marker + 4:]) if marker >= 0 else None
@@ -322,7 +343,10 @@ def load_jsonl_dataset(
     return examples
 
 # %% ../nbs/12_tasks.ipynb #d295b4a8
-def check_extracted_number(completion_text: str, answer: str) -> bool:
+def check_extracted_number(
+    completion_text: str,  # the model's completion, e.g. a worked solution
+    answer: str,  # the reference answer, a number as text
+) -> bool:
     "Last number of the completion equals a numeric `answer` ('... so $3.50' matches '3.5'); other answers: exact text."
     want = parse_number(answer if isinstance(answer, (str, int, float)) else str(answer))
     if want is None: return check_exact(completion_text, answer)
@@ -353,7 +377,9 @@ def make_dataset_task(
 _ANSWER_IS = re.compile(r"the answer is[:\s]*", re.IGNORECASE)
 
 
-def final_answer(text: str) -> str:
+def final_answer(
+    text: str,  # the model's completion
+) -> str:
     "The reply's final answer: the rest of the line after its last 'the answer is', else its last non-empty line."
     text = _text(text, "final_answer", "text")
     found = list(_ANSWER_IS.finditer(text))
@@ -362,7 +388,9 @@ def final_answer(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def has_answer_form(text: str) -> bool:
+def has_answer_form(
+    text: str,  # the model's completion
+) -> bool:
     "True when the reply ends with 'The answer is X.' (the final period optional) and nothing follows it."
     text = _text(text, "has_answer_form", "text").rstrip()
     found = list(_ANSWER_IS.finditer(text))

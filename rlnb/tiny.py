@@ -109,15 +109,17 @@ def build_tiny_model(
     return model.float().eval()
 
 # %% ../nbs/16_tiny.ipynb #c2fb2319
-def resolve_task(task, fn: str = "load_tiny_model"):
-    "A Task from a task name or a Task."
+def resolve_task(
+    task,  # a task name (see `rlnb.tasks.list_tasks`) or a Task (anything with a `sample` method)
+    fn: str = "load_tiny_model",  # the caller's name, for the error message
+):  # the Task
+    "The Task that `task` names (or `task` itself); a TypeError naming `fn` for anything else."
     if isinstance(task, str):
         from rlnb.tasks import get_task
         return get_task(task)
     if not hasattr(task, "sample"):
         raise TypeError(f"{fn}: `task` must be a task name or a Task, got {type(task).__name__}")
     return task
-
 
 # %% ../nbs/16_tiny.ipynb #6f98debf
 TINY_FORMAT_VERSION = 3  # bump when a change to this module makes old caches wrong
@@ -133,7 +135,9 @@ METRICS_FILE = "sft_metrics.jsonl"  # the SFT run's metrics, beside the model
 SUMMARY_FILE = "tiny_summary.json"  # written last: its presence marks a complete model folder
 
 # %% ../nbs/16_tiny.ipynb #db2e2423
-def tiny_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+def tiny_cache_dir(
+    cache_dir: str | os.PathLike | None = None,  # a folder chosen by the caller; None: $RLNB_CACHE, else ~/.cache/rlnb
+) -> Path:
     "Where tiny models are cached: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
     return default_cache_dir(cache_dir)
 
@@ -165,24 +169,6 @@ def _is_complete(path: Path) -> bool:
 
 
 # %% ../nbs/16_tiny.ipynb #f611ee41
-_LOAD_LOCK = threading.Lock()
-
-
-def load_tiny_model(
-    task="addition",  # task name (see `rlnb.tasks.list_tasks`) or a Task to pre-train on
-    path: str | os.PathLike | None = None,  # load from / save to exactly this folder; None = the cache folder
-    steps: int | None = None,  # maximum SFT steps; None = the task's default (training stops at `stop_at_accuracy`)
-    seed: int = 0,  # seed of the initialisation and the SFT data
-    cache_dir: str | os.PathLike | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
-    model_config: dict | None = None,  # overrides of `DEFAULT_TINY_CONFIG` (e.g. {"num_layers": 3})
-    sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG` (e.g. {"stop_at_accuracy": None} = all steps)
-    progress: bool = True,  # print training progress on a cold start
-):  # (model, tokenizer)
-    "The SFT'd tiny model and its tokenizer: trained on the first call, loaded from the cache afterwards."
-    with _LOAD_LOCK:  # threads of one process take turns (`from_pretrained` is not thread-safe); processes race safely
-        return _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress)
-
-
 _MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
 
 def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str = "load_tiny_model") -> None:
@@ -197,7 +183,7 @@ def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str
         unknown = [k for k in given if k not in known and not (name == "model_config" and hasattr(Qwen2Config(), k))]
         if unknown: raise ValueError(f"{fn}: `{name}` has unknown keys {unknown}; known: {sorted(known)}")
 
-
+# %% ../nbs/16_tiny.ipynb #f611ee02
 def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     task = resolve_task(task)
@@ -222,6 +208,24 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
     tokenizer = load_from_folder(lambda: AutoTokenizer.from_pretrained(path), path, "the tiny model's tokenizer")
     model.eval()
     return model, tokenizer
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+def load_tiny_model(
+    task="addition",  # task name (see `rlnb.tasks.list_tasks`) or a Task to pre-train on
+    path: str | os.PathLike | None = None,  # load from / save to exactly this folder; None = the cache folder
+    steps: int | None = None,  # maximum SFT steps; None = the task's default (training stops at `stop_at_accuracy`)
+    seed: int = 0,  # seed of the initialisation and the SFT data
+    cache_dir: str | os.PathLike | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
+    model_config: dict | None = None,  # overrides of `DEFAULT_TINY_CONFIG` (e.g. {"num_layers": 3})
+    sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG` (e.g. {"stop_at_accuracy": None} = all steps)
+    progress: bool = True,  # print training progress on a cold start
+):  # (model, tokenizer)
+    "The SFT'd tiny model and its tokenizer: trained on the first call, loaded from the cache afterwards."
+    with _LOAD_LOCK:  # threads of one process take turns (`from_pretrained` is not thread-safe); processes race safely
+        return _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress)
 
 # %% ../nbs/16_tiny.ipynb #1d591d9d
 def _tiny_model_loader(config: ModelConfig):
