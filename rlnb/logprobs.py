@@ -24,7 +24,7 @@ def naive_logprobs(
     attention_mask: Tensor,  # (B, P+C) 1 on real tokens
     completion_length: int,  # C
     temperature: float = 1.0,  # logits are divided by it
-    micro_batch_size: int | None = None,  # ignored (one row at a time); accepted so that it fits as a `logprob_extractor`
+    micro_batch_size: int | None = None,  # ignored (one row at a time); accepted to fit as a `logprob_extractor`
 ) -> Tensor:  # (B, C) float32, 0 on completion padding
     "Reference log-probs (B, C): each row alone, unpadded, through one full forward pass. Slow, and obviously right."
     C, device = completion_length, model_device(model)

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from .tasks import TaskExample
-from .core import (CONFIG_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState,
-                       check_seed, check_tool_calls, collate, model_device, pad_token_id)
+from .core import (CONFIG_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig,
+                       TrainingState, check_seed, check_tool_calls, collate, model_device, pad_token_id)
 from .chat import format_prompt
 from .generation import batch_generate
 from .logprobs import compute_logprobs_for_tokens
