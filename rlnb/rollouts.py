@@ -44,14 +44,7 @@ def check_ordered(
                         f"to the next (PYTHONHASHSEED), so a seeded run and its resume would not be reproducible; "
                         f"pass a list, e.g. sorted({name})")
 
-
-def _as_list(x, name: str, fn: str) -> list:
-    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
-        raise TypeError(f"{fn}: `{name}` must be a list, got {type(x).__name__}")
-    check_ordered(x, name, fn)
-    return list(x)
-
-# %% ../nbs/24_rollouts.ipynb #5038b018
+# %% ../nbs/24_rollouts.ipynb #04d3ea65
 def _prompt_input(p, answer, tokenizer, system_prompt: str | None, template_fn: Callable | None, i: int, fn: str):
     "One prompt as (formatted text, question as asked, answer, starting conversation)."
     if isinstance(p, Conversation):
@@ -68,6 +61,13 @@ def _prompt_input(p, answer, tokenizer, system_prompt: str | None, template_fn: 
     msgs = ((Message("system", system_prompt),) if system_prompt else ()) + (Message("user", p),)
     text = format_prompt(p, tokenizer, system_prompt=system_prompt, template_fn=template_fn)
     return text, p, answer, Conversation(msgs)
+
+# %% ../nbs/24_rollouts.ipynb #5038b018
+def _as_list(x, name: str, fn: str) -> list:
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
+        raise TypeError(f"{fn}: `{name}` must be a list, got {type(x).__name__}")
+    check_ordered(x, name, fn)
+    return list(x)
 
 
 def prompt_inputs(
