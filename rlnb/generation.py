@@ -1,4 +1,4 @@
-"""Sample many completions of many prompts in padded batches, cut each at its first EOS or stop string, and record the log-probability of every sampled token.
+"""Sample completions of many prompts in padded batches, cut at EOS or a stop string, with each token's log-prob.
 
 Docs: https://rlnb.github.io/rlnb/generation.html.md"""
 
@@ -17,8 +17,8 @@ from .core import Generation, GenerationConfig, is_peft_model, model_device, pad
 
 # %% auto #0
 __all__ = ['INVERSE_CDF_MIN_VOCAB', 'left_pad', 'eos_token_ids', 'encode_prompts', 'generation_mode', 'forward_parameters',
-           'kv_cache_argument', 'output_cache', 'logits_to_keep_argument', 'position_ids', 'select_cache_rows',
-           'prefill_prompts', 'distinct_prompts', 'can_share_prompts', 'merged_lora', 'generate_rows',
+           'logits_to_keep_argument', 'kv_cache_argument', 'output_cache', 'position_ids', 'distinct_prompts',
+           'select_cache_rows', 'prefill_prompts', 'can_share_prompts', 'merged_lora', 'generate_rows',
            'generate_micro_batch', 'batch_generate', 'generate', 'generate_with_logprobs']
 
 # %% ../nbs/20_generation.ipynb #099f8d74
@@ -75,7 +75,8 @@ def _check_generation_config(config, fn: str) -> GenerationConfig:
         v = getattr(config, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{fn}: `config.{name}` must be an int >= 1, got {v!r}")
-    positive_int("max_new_tokens"); positive_int("num_return_sequences")
+    positive_int("max_new_tokens")
+    positive_int("num_return_sequences")
     t = config.temperature
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < math.inf:  # NaN fails too
         raise ValueError(f"{fn}: `config.temperature` must be a finite number >= 0, got {t!r}")
@@ -90,16 +91,23 @@ def _check_generation_config(config, fn: str) -> GenerationConfig:
             raise TypeError(f"{fn}: `config.{name}` must be True or False, got {getattr(config, name)!r}")
     return config
 
-
-def eos_token_ids(model, tokenizer) -> list[int]:
+# %% ../nbs/20_generation.ipynb #f8c1e83e
+def eos_token_ids(
+    model,  # a causal LM; its `generation_config.eos_token_id` (one id or a list) counts
+    tokenizer,  # its tokenizer; its `eos_token_id` counts
+) -> list[int]:
     "Every id that ends a completion: the tokenizer's EOS and the model's generation_config EOS id(s)."
     ids = [tokenizer.eos_token_id]
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids += list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [gen_eos]
     return sorted({int(i) for i in ids if i is not None})
 
-
-def encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
+# %% ../nbs/20_generation.ipynb #c9a01573
+def encode_prompts(
+    tokenizer,  # the model's tokenizer
+    prompts: Sequence,  # texts (already formatted) or token-id lists (1-d tensors too)
+    fn: str,  # the caller's name, for error messages
+) -> list[list[int]]:
     "Token ids of each prompt (text or ids), texts in one tokenizer call; no second BOS when a text starts with one."
     out: list = [None] * len(prompts)
     texts = {True: [], False: []}  # add_special_tokens -> indices of the texts that get it
@@ -117,7 +125,7 @@ def encode_prompts(tokenizer, prompts: Sequence, fn: str) -> list[list[int]]:
         if len(ids) == 0: raise ValueError(f"{fn}: prompts[{i}] has no tokens; at least one is needed to condition on")
     return out
 
-
+# %% ../nbs/20_generation.ipynb #05ccf1b7
 INVERSE_CDF_MIN_VOCAB = 4096  # from this vocabulary size on, batch_generate draws with _InverseCdfSampler
 _HF_SAMPLING_KEYS = {"do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff",
                      "eta_cutoff", "num_beams", "top_h"}
@@ -141,9 +149,11 @@ def _hf_generate_kwargs(config: GenerationConfig, tokenizer, pad_id: int, eos_id
         kw["logits_processor"] = warpers + list(custom.get("logits_processor") or []) + [_InverseCdfSampler()]
     return kw
 
-
+# %% ../nbs/20_generation.ipynb #5189c715
 @contextlib.contextmanager
-def generation_mode(model):
+def generation_mode(
+    model,  # the model about to generate; its mode and `config.use_cache` are put back on exit
+):
     "Eval mode and the KV cache on while generating; the previous mode and `config.use_cache` restored afterwards."
     was_training, config = model.training, getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
@@ -163,7 +173,7 @@ def _completion_lengths(new_tokens: Tensor, eos_ids: list[int]) -> tuple[Tensor,
     first = is_eos.int().argmax(1)  # (R,) index of the first EOS (argmax returns the first maximum)
     return torch.where(found, first + 1, L).cpu(), found.cpu()
 
-
+# %% ../nbs/20_generation.ipynb #afbb8ed3
 class _StopOnStrings:
     "Stopping criterion: a row is done once its completion's text (the prompt excluded) contains a stop string."
     def __init__(self, tokenizer, stop_strings: Sequence[str], prompt_length: int):
@@ -191,34 +201,59 @@ def _stop_string_cut(ids: list[int], tokenizer, stop_strings: Sequence[str]) -> 
     return lo
 
 # %% ../nbs/20_generation.ipynb #61686707
-def forward_parameters(model) -> dict:
+def forward_parameters(
+    model,  # a transformers model, or a peft model wrapping one
+) -> dict:
     "Parameters of the underlying model's `forward` (through a peft wrapper)."
     base = model.get_base_model() if is_peft_model(model) else model
     return inspect.signature(base.forward).parameters
 
 
-def kv_cache_argument(params) -> str | None:
+def logits_to_keep_argument(
+    params,  # `forward_parameters(model)`
+) -> str | None:
+    "The name under which this model's forward accepts 'compute logits for the last k positions only', if any."
+    return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+
+# %% ../nbs/20_generation.ipynb #03a80496
+def kv_cache_argument(
+    params,  # `forward_parameters(model)`
+) -> str | None:
     "The name under which this model's forward takes a KV cache: `cache` (transformers >= 5.24), `past_key_values`."
     return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
-def output_cache(out):
+def output_cache(
+    out,  # what a forward pass or `generate` returned
+):
     "The KV cache a forward pass or `generate` returned, under its new name (`cache`) or its old one."
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
-
-def logits_to_keep_argument(params) -> str | None:
-    "The name under which this model's forward accepts 'compute logits for the last k positions only', if any."
-    return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
+# %% ../nbs/20_generation.ipynb #35230a05
+def position_ids(
+    attention_mask: Tensor,  # (b, T) 1 on real tokens, left padding 0
+) -> Tensor:
     "(b, T) positions counted from each row's first real token (left padding gets 0), as `generate` numbers them."
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
+# %% ../nbs/20_generation.ipynb #494d85e5
+def distinct_prompts(
+    prompt_ids: Tensor,  # (b, P) a batch's prompt block, left-padded
+    prompt_mask: Tensor,  # (b, P) 1 on real tokens
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    "Distinct rows (U, P) of a prompt block, their masks (U, P) and each row's index (b,); None if no row repeats."
+    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)  # (b, 2P): a row is its tokens and its padding
+    unique, index = torch.unique(rows, dim=0, return_inverse=True)
+    if unique.shape[0] == rows.shape[0]: return None
+    P = prompt_ids.shape[1]
+    return unique[:, :P], unique[:, P:].to(prompt_mask.dtype), index
 
-def select_cache_rows(cache, index: Tensor):
+# %% ../nbs/20_generation.ipynb #5a3116b9
+def select_cache_rows(
+    cache,  # a KV cache of U rows: a transformers Cache, or the legacy tuple of (key, value) per layer
+    index: Tensor,  # (b,) which cache row each new row copies
+):
     "A KV cache of U rows re-indexed to len(index) rows (row r = cache row index[r]); differentiable."
     if hasattr(cache, "batch_select_indices"):  # transformers' Cache objects
         cache.batch_select_indices(index)
@@ -241,17 +276,11 @@ def prefill_prompts(
     out = model(**kwargs)
     return out.logits[:, -1][index], select_cache_rows(output_cache(out), index)
 
-
-def distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-    "Distinct rows (U, P) of a prompt block, their masks (U, P) and each row's index (b,); None if no row repeats."
-    rows = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1)  # (b, 2P): a row is its tokens and its padding
-    unique, index = torch.unique(rows, dim=0, return_inverse=True)
-    if unique.shape[0] == rows.shape[0]: return None
-    P = prompt_ids.shape[1]
-    return unique[:, :P], unique[:, P:].to(prompt_mask.dtype), index
-
-
-def can_share_prompts(model, custom_params: dict | None = None) -> bool:
+# %% ../nbs/20_generation.ipynb #1e9980ad
+def can_share_prompts(
+    model,  # the model about to run
+    custom_params: dict | None = None,  # `GenerationConfig.custom_params`: a cache chosen there turns sharing off
+) -> bool:
     "True if the model takes a KV cache (and the caller did not choose its own cache)."
     custom = custom_params or {}
     chosen = {"cache", "past_key_values", "cache_implementation"} & set(custom)
@@ -298,8 +327,16 @@ def merged_lora(
         for weight, original in kept: weight.data = original
 
 # %% ../nbs/20_generation.ipynb #bd8c3dea
-def generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, config: GenerationConfig, pad_id: int,
-                   eos_ids: list[int], kv_cache=None) -> tuple[list[Generation], Any]:
+def generate_rows(
+    model,  # a causal LM
+    tokenizer,  # its tokenizer
+    input_ids: Tensor,  # (R, T) ready rows, left-padded (prompts already repeated n times)
+    attention_mask: Tensor,  # (R, T) 1 on real tokens
+    config: GenerationConfig,  # sampling settings (`num_return_sequences` is already in the rows)
+    pad_id: int,  # the padding id
+    eos_ids: list[int],  # every id that ends a completion (`eos_token_ids`)
+    kv_cache=None,  # a KV cache holding the rows' first T - 1 columns (`prefill_prompts`), or None
+) -> tuple[list[Generation], Any]:  # R generations, and what `model.generate` returned
     "One `model.generate` call on ready rows (R, T), one sample each; an optional KV cache holds their first columns."
     kwargs = _hf_generate_kwargs(config, tokenizer, pad_id, eos_ids)
     if kv_cache is not None: kwargs[kv_cache_argument(forward_parameters(model))] = kv_cache
@@ -321,15 +358,22 @@ def generate_rows(model, tokenizer, input_ids: Tensor, attention_mask: Tensor, c
         ids = new[r, :lengths[r]].tolist()
         cut = _stop_string_cut(ids, tokenizer, config.stop_strings) if config.stop_strings else None
         if cut is not None: ids = ids[:cut]
-        rows.append(ids); reasons.append("stop" if (found_eos[r] or cut is not None) else "length")
+        rows.append(ids)
+        reasons.append("stop" if (found_eos[r] or cut is not None) else "length")
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
     return [Generation(text=texts[r], token_ids=rows[r], finish_reason=reasons[r],
                        logprobs=None if logprobs is None else logprobs[r, :len(rows[r])].tolist())
             for r in range(len(rows))], out
 
-
-def generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: GenerationConfig, pad_id: int,
-                          eos_ids: list[int]) -> tuple[list[Generation], Any, Tensor]:
+# %% ../nbs/20_generation.ipynb #c96ab717
+def generate_micro_batch(
+    model,  # a causal LM
+    tokenizer,  # its tokenizer
+    prompt_ids: list[list[int]],  # N prompts' token ids
+    config: GenerationConfig,  # sampling settings; n = `num_return_sequences` samples per prompt
+    pad_id: int,  # the padding id
+    eos_ids: list[int],  # every id that ends a completion (`eos_token_ids`)
+) -> tuple[list[Generation], Any, Tensor]:  # N*n prompt-major generations, generate's output, (N*n, P) prompt mask
     "One `model.generate` call for a few prompts x n samples: prompt-major generations, generate's output, prompt mask."
     n = config.num_return_sequences
     input_ids, attention_mask = left_pad(prompt_ids, pad_id, model_device(model))  # (N, P)
@@ -342,7 +386,7 @@ def generate_micro_batch(model, tokenizer, prompt_ids: list[list[int]], config: 
     gens, out = generate_rows(model, tokenizer, input_ids, attention_mask, config, pad_id, eos_ids, cache)
     return gens, out, attention_mask
 
-# %% ../nbs/20_generation.ipynb #e80f96c7
+# %% ../nbs/20_generation.ipynb #00bf3f60
 def _check_generation(g, k: int, n: int, fn: str) -> None:
     "A custom generator's k-th result: a Generation with its text, token ids and (if any) one log-prob per token."
     where = f"`generator`'s result {k} (prompt {k // n}, sample {k % n})"
@@ -372,7 +416,7 @@ def _check_context(model, encoded: list[list[int]], max_new_tokens: int, fn: str
         warnings.warn(f"{fn}: prompts[{longest}] has {n} tokens; with max_new_tokens={max_new_tokens} a completion can "
                       f"run past the model's context of {context} positions, where its positions mean nothing")
 
-
+# %% ../nbs/20_generation.ipynb #e80f96c7
 def batch_generate(
     model,  # a causal LM with `generate` (transformers or peft)
     tokenizer,  # its tokenizer (needs a pad or an EOS token)

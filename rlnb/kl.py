@@ -74,15 +74,16 @@ def kl_estimator(
         raise ValueError(f"kl_estimator: unknown estimator {name!r}; expected one of {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[name]
 
-# %% ../nbs/23_kl.ipynb #a236dc6a
-def _masked(kl: Tensor, mask: Tensor | None) -> Tensor:
-    "Zero where mask is 0 (with `where`, so inf/NaN at padded positions cannot leak)."
-    return kl if mask is None else torch.where(mask.bool(), kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
-
-
-def check_kl_values(caller: str, kl_fn: Callable, kl: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
-                     mask: Tensor | None = None) -> None:
-    "A kl_fn's (B, C) result must be finite on the tokens that count, wherever both log-probs it was given are."
+# %% ../nbs/23_kl.ipynb #7adb8a27
+def check_kl_values(
+    caller: str,  # the public function checking, for the message
+    kl_fn: Callable,  # the custom estimator that produced `kl`, named in the message
+    kl: Tensor,  # (B, C) what `kl_fn` returned
+    logprobs: Tensor,  # (B, C) the policy's log-probs it was given
+    ref_logprobs: Tensor,  # (B, C) the reference's log-probs it was given
+    mask: Tensor | None = None,  # (B, C) 1 on the tokens that count; None = all
+) -> None:
+    "A ValueError naming `kl_fn` if its (B, C) result is NaN or inf on a counted token where both log-probs are finite."
     fine = torch.isfinite(logprobs.detach()) & torch.isfinite(ref_logprobs.detach())  # (B, C)
     if mask is not None: fine = fine & mask.bool()
     bad = fine & ~torch.isfinite(kl.detach())
@@ -90,6 +91,11 @@ def check_kl_values(caller: str, kl_fn: Callable, kl: Tensor, logprobs: Tensor, 
         at = tuple(bad.nonzero()[0].tolist())
         raise ValueError(f"{caller}: kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` returned {kl.detach()[at].item()} "
                          f"at position {at}, where both log-probs are finite; expected a finite KL value per token")
+
+# %% ../nbs/23_kl.ipynb #a236dc6a
+def _masked(kl: Tensor, mask: Tensor | None) -> Tensor:
+    "Zero where mask is 0 (with `where`, so inf/NaN at padded positions cannot leak)."
+    return kl if mask is None else torch.where(mask.bool(), kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
 
 
 def compute_per_token_kl(

@@ -1,4 +1,4 @@
-"""`compute_logprobs_for_tokens`: the log-probability of every completion token under the policy, with gradient, in bounded memory, each distinct prompt run once.
+"""The log-probability of every completion token under the policy: with gradient, bounded memory, prompts run once.
 
 Docs: https://rlnb.github.io/rlnb/logprobs.html.md"""
 
@@ -15,7 +15,29 @@ from .generation import (kv_cache_argument, can_share_prompts, distinct_prompts,
                              logits_to_keep_argument, position_ids, prefill_prompts)
 
 # %% auto #0
-__all__ = ['compute_logprobs_for_tokens']
+__all__ = ['naive_logprobs', 'compute_logprobs_for_tokens']
+
+# %% ../nbs/21_logprobs.ipynb #70b026da
+def naive_logprobs(
+    model,  # a causal LM (transformers, peft, or any module returning `.logits`)
+    input_ids: Tensor,  # (B, P+C) prompts left-padded to P, completions right-padded to C (`collate`'s layout)
+    attention_mask: Tensor,  # (B, P+C) 1 on real tokens
+    completion_length: int,  # C
+    temperature: float = 1.0,  # logits are divided by it
+    micro_batch_size: int | None = None,  # ignored (one row at a time); accepted to fit as a `logprob_extractor`
+) -> Tensor:  # (B, C) float32, 0 on completion padding
+    "Reference log-probs (B, C): each row alone, unpadded, through one full forward pass. Slow, and obviously right."
+    C, device = completion_length, model_device(model)
+    rows = []
+    for ids, mask in zip(input_ids, attention_mask):  # (P+C,) each
+        seq = ids[mask.bool()].to(device)  # (L,) the row's real tokens: no padding, so positions start at 0
+        scored = mask[-C:].bool().to(device)  # (C,) the completion columns that hold a token
+        L, k = len(seq), int(scored.sum())
+        logits = model(input_ids=seq[None]).logits[0].float()  # (L, V): position j predicts token j + 1
+        logp = torch.log_softmax(logits[L - k - 1:L - 1] / temperature, -1)  # (k, V): the completion's predictions
+        picked = logp.gather(-1, seq[L - k:, None]).squeeze(-1)  # (k,)
+        rows.append(torch.zeros(C, device=device).masked_scatter(scored, picked))  # (C,)
+    return torch.stack(rows)  # (B, C)
 
 # %% ../nbs/21_logprobs.ipynb #2a32ef1d
 def _token_logprobs(logits: Tensor, tokens: Tensor, temperature: float, with_entropy: bool = False):
@@ -46,7 +68,7 @@ def _completion_hidden(seen: list, C: int, groups) -> Tensor:
     first = seen[0][:, -1][groups[2]][:, None]  # (b, 1, H): each prompt's last position, re-indexed to its rows
     return first if C == 1 else torch.cat([first, seen[1]], 1)
 
-
+# %% ../nbs/21_logprobs.ipynb #135b7b65
 def _full_pass_logits(model, ids: Tensor, mask: Tensor, C: int, params, keep: str | None) -> Tensor:
     "Logits (b, C, V) predicting the last C tokens, from one pass over prompt + completion (b, P+C)."
     kwargs = {"input_ids": ids, "attention_mask": mask}
@@ -62,25 +84,15 @@ def _shared_prompt_logits(model, ids: Tensor, mask: Tensor, C: int, groups: tupl
     last, cache = prefill_prompts(model, prompt_ids, prompt_mask, index)  # (b, V): predicts completion token 0
     if C == 1: return last[:, None]
     P = ids.shape[1] - C
-    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], kv_cache_argument(params): cache, "use_cache": True}
+    kwargs = {"input_ids": ids[:, P:-1], "attention_mask": mask[:, :-1], kv_cache_argument(params): cache,
+              "use_cache": True}
     if "position_ids" in params: kwargs["position_ids"] = position_ids(mask)[:, P:-1]
     rest = model(**kwargs).logits  # (b, C-1, V): completion token t-1 predicts token t
     return torch.cat([last[:, None], rest], 1)
 
-# %% ../nbs/21_logprobs.ipynb #879d39f3
-def compute_logprobs_for_tokens(
-    model,  # a causal LM (transformers, peft, or any module returning `.logits`)
-    input_ids: Tensor,  # (B, P+C) prompts left-padded to P, completions right-padded to C (`collate`'s layout)
-    attention_mask: Tensor,  # (B, P+C) 1 on real tokens
-    completion_length: int | Tensor,  # C, or the (B, C) completion ids themselves (must equal input_ids[:, -C:])
-    temperature: float = 1.0,  # sampling temperature: logits are divided by it
-    micro_batch_size: int | None = None,  # rows per forward pass; None = all B at once
-    return_entropy: bool = False,  # also return the entropy (B, C) of each position's distribution
-    # run each distinct prompt once and share its KV cache (same result; False = a full pass per row)
-    share_prompts: bool = True,
-    value_head=None,  # a module (b, C, H) -> (b, C, 1): also return its values of the final hidden states (same pass)
-) -> Tensor | tuple:  # logprobs (B, C) [, entropy (B, C)] [, values (B, C)]
-    "Log-probs (B, C) of the completion tokens, float32, with gradient unless called under `torch.no_grad()`."
+# %% ../nbs/21_logprobs.ipynb #1497c8ac
+def _checked_inputs(model, input_ids, attention_mask, completion_length, temperature, micro_batch_size) -> tuple:
+    "The completion length C and the micro-batch size, after checking every argument of `compute_logprobs_for_tokens`."
     fn = "compute_logprobs_for_tokens"
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
         raise ValueError(f"{fn}: `input_ids` must be a 2-d (B, T) tensor, "
@@ -113,7 +125,24 @@ def compute_logprobs_for_tokens(
         low, high = int(input_ids.min()), int(input_ids.max())
         raise ValueError(f"{fn}: `input_ids` holds token ids from {low} to {high}, but the model's vocabulary has ids "
                          f"0 to {vocab - 1}; were they made by another tokenizer?")
+    return C, mb
 
+# %% ../nbs/21_logprobs.ipynb #879d39f3
+def compute_logprobs_for_tokens(
+    model,  # a causal LM (transformers, peft, or any module returning `.logits`)
+    input_ids: Tensor,  # (B, P+C) prompts left-padded to P, completions right-padded to C (`collate`'s layout)
+    attention_mask: Tensor,  # (B, P+C) 1 on real tokens
+    completion_length: int | Tensor,  # C, or the (B, C) completion ids themselves (must equal input_ids[:, -C:])
+    temperature: float = 1.0,  # sampling temperature: logits are divided by it
+    micro_batch_size: int | None = None,  # rows per forward pass; None = all B at once
+    return_entropy: bool = False,  # also return the entropy (B, C) of each position's distribution
+    # run each distinct prompt once and share its KV cache (same result; False = a full pass per row)
+    share_prompts: bool = True,
+    value_head=None,  # a module (b, C, H) -> (b, C, 1): also return its values of the final hidden states (same pass)
+) -> Tensor | tuple:  # logprobs (B, C) [, entropy (B, C)] [, values (B, C)]
+    "Log-probs (B, C) of the completion tokens, float32, with gradient unless called under `torch.no_grad()`."
+    C, mb = _checked_inputs(model, input_ids, attention_mask, completion_length, temperature, micro_batch_size)
+    B, T = input_ids.shape
     params = forward_parameters(model)
     keep = logits_to_keep_argument(params)
     device = model_device(model)
@@ -128,7 +157,8 @@ def compute_logprobs_for_tokens(
             if groups is None: logits = _full_pass_logits(model, ids, mask, C, params, keep)
             else: logits = _shared_prompt_logits(model, ids, mask, C, groups, params)
         lp, ent = _token_logprobs(logits, ids[:, -C:], temperature, return_entropy)
-        logprobs.append(lp); entropies.append(ent)
+        logprobs.append(lp)
+        entropies.append(ent)
         if value_head is not None:
             values.append(value_head(_completion_hidden(seen, C, groups).float()).squeeze(-1))  # (b, C)
     out = ((torch.cat(logprobs),) + ((torch.cat(entropies),) if return_entropy else ())

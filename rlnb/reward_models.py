@@ -1,4 +1,4 @@
-"""Learned rewards: load any Hugging Face reward model, score batches correctly, use it as a `reward_fn`, train a tiny one.
+"""Learned rewards: load a Hugging Face reward model, score batches right, use it as a reward, train a tiny one.
 
 Docs: https://rlnb.github.io/rlnb/reward_models.html.md"""
 
@@ -57,7 +57,8 @@ def score_token_ids(
     input_ids = torch.full((len(token_ids), T), pad_token_id, dtype=torch.long)  # (B, T)
     attention_mask = torch.zeros_like(input_ids)  # (B, T)
     for i, ids in enumerate(token_ids):
-        input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long); attention_mask[i, :len(ids)] = 1
+        input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[i, :len(ids)] = 1
     logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits  # (B, 1)
     return logits[:, 0].float()  # (B,)
 
@@ -200,14 +201,14 @@ def create_rm_rollout_fn(
         return batch
     return rollout_fn
 
-# %% ../nbs/26_reward_models.ipynb #16708c17
+# %% ../nbs/26_reward_models.ipynb #e425b266
 class PreferencePair(NamedTuple):
     "One comparison: the same prompt with a preferred and a dispreferred completion."
     prompt: str  # as the reward model will read it (formatted with the policy's chat template)
     chosen: str  # the better completion, e.g. the correct answer
     rejected: str  # the worse one, e.g. a near-miss
 
-
+# %% ../nbs/26_reward_models.ipynb #84acabc5
 def _change_digit(a: str, rng: random.Random) -> str:
     i = rng.randrange(len(a)) if a[0] != "-" else 1 + rng.randrange(len(a) - 1)  # never the sign
     return a[:i] + str((int(a[i]) + rng.randint(1, 9)) % 10) + a[i + 1:]
@@ -226,7 +227,7 @@ def corrupt_answer(answer: str, rng: random.Random) -> str:
                  lambda: (lambda i: a[:i] + rng.choice("abcdefghij") + a[i + 1:])(rng.randrange(max(len(a), 1)))]
     return rng.choice(moves)()
 
-
+# %% ../nbs/26_reward_models.ipynb #16708c17
 def make_preference_pairs(
     task,  # a task name or Task: its examples give the prompts and the chosen (correct) answers
     n: int,  # pairs
@@ -332,10 +333,15 @@ def train_reward_model(
         ids = encode_for_scoring(tokenizer, [p.prompt for p in b] * 2, [p.chosen for p in b] + [p.rejected for p in b])
         scores = score_token_ids(model, ids, pad)  # (2B,): chosen then rejected
         loss = preference_loss(scores[:len(b)], scores[len(b):])
-        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
         row = {"step": step, "loss": loss.item(), "accuracy": (scores[:len(b)] > scores[len(b):]).float().mean().item()}
         if eval_pairs and (step % eval_every == 0 or step == steps):
-            model.eval(); row["eval/accuracy"] = pairwise_accuracy(model, tokenizer, eval_pairs); model.train()
+            model.eval()
+            row["eval/accuracy"] = pairwise_accuracy(model, tokenizer, eval_pairs)
+            model.train()
         rows.append(row)
     model.eval()
     return rows
@@ -357,7 +363,7 @@ def build_tiny_reward_model(
     model.model.load_state_dict(lm.model.state_dict())  # the backbone already reads arithmetic: only the head is new
     return model.float().eval(), prepare_tokenizer(tokenizer, "right", fn="build_tiny_reward_model")
 
-# %% ../nbs/26_reward_models.ipynb #53b2fa65
+# %% ../nbs/26_reward_models.ipynb #813f282e
 TINY_RM_VERSION = 3  # bump when a change here makes cached reward models wrong
 # the default tiny RM's recipe
 TINY_RM_DEFAULTS = dict(steps=600, batch_size=32, learning_rate=5e-4, n_pairs=8192, eval_pairs=512)
@@ -373,7 +379,7 @@ def tiny_reward_model_path(task="addition", seed: int = 0, cache_dir=None, **rec
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:10]
     return tiny_cache_dir(cache_dir) / f"reward-{task.name}-seed{seed}-{digest}"
 
-
+# %% ../nbs/26_reward_models.ipynb #53b2fa65
 def _train_tiny_rm(tmp: Path, task, seed: int, recipe: dict, progress: bool) -> None:
     model, tokenizer = build_tiny_reward_model(task, seed)
     policy, _ = load_tiny_model(task, progress=False)
@@ -425,7 +431,7 @@ def load_tiny_reward_model(
         build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), complete)
         return load_reward_model(str(path))
 
-
+# %% ../nbs/26_reward_models.ipynb #9164b49f
 def read_tiny_reward_summary(path) -> dict:
     "The summary saved beside a tiny reward model: recipe, seconds, held-out pairwise accuracy."
     return json.loads((Path(path) / RM_SUMMARY_FILE).read_text())
@@ -444,5 +450,6 @@ def make_rollout_pairs(
         prompt, completion = _rollout_text(r, fn)
         if r.answer is None: raise ValueError(f"{fn}: a rollout of prompt {prompt[-40:]!r} has no `answer` to prefer")
         if (prompt, completion) in seen or prompt in (exclude or ()) or check(completion, r.answer): continue
-        seen.add((prompt, completion)); pairs.append(PreferencePair(prompt, str(r.answer), completion))
+        seen.add((prompt, completion))
+        pairs.append(PreferencePair(prompt, str(r.answer), completion))
     return pairs

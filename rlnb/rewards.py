@@ -1,4 +1,4 @@
-"""Turning what a policy wrote into numbers a loss can use: scalar and vector rewards, aggregation, normalisation, shaping.
+"""What a policy wrote, as numbers a loss can use: scalar and vector rewards, aggregation, normalisation, shaping.
 
 Docs: https://rlnb.github.io/rlnb/rewards.html.md"""
 
@@ -24,12 +24,6 @@ __all__ = ['NORMALIZERS', 'check_scalar_reward', 'check_vector_reward', 'call_re
            'length_penalty_reward', 'tool_usage_reward', 'create_reward_transform']
 
 # %% ../nbs/22_rewards.ipynb #c426d95c
-def _fn_name(fn) -> str:
-    "A readable name for a function, a `functools.partial` or a callable object."
-    if isinstance(fn, functools.partial): return _fn_name(fn.func)
-    return getattr(fn, "__name__", None) or type(fn).__name__
-
-
 def _where(index) -> str:
     return "the rollout" if index is None else f"rollout {index}"
 
@@ -37,7 +31,13 @@ def _where(index) -> str:
 _FLOAT32_MAX = torch.finfo(torch.float32).max  # rewards are float32 tensors from collation on
 
 
-def check_scalar_reward(value, caller: str, fn, index=None, kind: str = "reward function") -> float:
+def check_scalar_reward(
+    value,  # what the function returned
+    caller: str,  # the public function checking, named in the message
+    fn: Callable,  # the function that returned `value`, named in the message
+    index: int | None = None,  # the rollout's position in its batch; None = a single rollout
+    kind: str = "reward function",  # what `fn` is, for the message (e.g. "shaping function")
+) -> float:
     "`value` as a finite float in float32's range, or a ValueError naming `caller`, the function `fn` and the rollout."
     who = f"{kind} `{_fn_name(fn)}` returned"
     if not (isinstance(value, numbers.Real) or (getattr(value, "ndim", None) == 0 and hasattr(value, "item"))):
@@ -55,8 +55,13 @@ def check_scalar_reward(value, caller: str, fn, index=None, kind: str = "reward 
                          f"{_FLOAT32_MAX:.4g}: scale the reward down")
     return x
 
-
-def check_vector_reward(value, caller: str, fn, index=None) -> list[float]:
+# %% ../nbs/22_rewards.ipynb #1d579a0b
+def check_vector_reward(
+    value,  # what the function returned: a list, tuple, 1-d tensor or array
+    caller: str,  # the public function checking, named in the message
+    fn: Callable,  # the function that returned `value`, named in the message
+    index: int | None = None,  # the rollout's position in its batch; None = a single rollout
+) -> list[float]:
     "`value` as a non-empty list of finite floats (from a list, tuple, 1-d tensor or array)."
     if isinstance(value, (list, tuple)): items = list(value)
     elif getattr(value, "ndim", None) == 1 and hasattr(value, "tolist"): items = value.tolist()
@@ -68,9 +73,20 @@ def check_vector_reward(value, caller: str, fn, index=None) -> list[float]:
         raise ValueError(f"{caller}: reward function `{_fn_name(fn)}` returned an empty vector for {_where(index)}")
     return [check_scalar_reward(v, caller, fn, index) for v in items]
 
+# %% ../nbs/22_rewards.ipynb #154b9f0a
+def _fn_name(fn) -> str:
+    "A readable name for a function, a `functools.partial` or a callable object."
+    if isinstance(fn, functools.partial): return _fn_name(fn.func)
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
-def call_reward_fn(fn, rollout, caller: str, index=None):
-    "Call `fn(rollout)`; if it raises, add a note saying which function and rollout (the exception type is kept)."
+
+def call_reward_fn(
+    fn: Callable,  # the reward function, rollout -> reward
+    rollout,  # the rollout to score
+    caller: str,  # the public function calling it, named in the note
+    index: int | None = None,  # the rollout's position in its batch; None = a single rollout
+):
+    "`fn(rollout)`; if it raises, a note saying which function and rollout is added (the exception type is kept)."
     try: return fn(rollout)
     except Exception as e:
         if hasattr(e, "add_note"):
@@ -86,8 +102,8 @@ def compute_scalar_reward(
     "`reward_fn(rollout)` as a checked finite float."
     if not callable(reward_fn):
         raise TypeError(f"compute_scalar_reward: `reward_fn` must be callable, got {type(reward_fn).__name__}")
-    return check_scalar_reward(call_reward_fn(reward_fn, rollout, "compute_scalar_reward", index), "compute_scalar_reward",
-                         reward_fn, index)
+    value = call_reward_fn(reward_fn, rollout, "compute_scalar_reward", index)
+    return check_scalar_reward(value, "compute_scalar_reward", reward_fn, index)
 
 # %% ../nbs/22_rewards.ipynb #a35079ac
 def compute_vector_reward(
@@ -98,7 +114,8 @@ def compute_vector_reward(
 ) -> list[float]:
     "The rollout's reward vector: one checked float per objective."
     caller = "compute_vector_reward"
-    if callable(reward_fns): return check_vector_reward(call_reward_fn(reward_fns, rollout, caller, index), caller, reward_fns, index)
+    if callable(reward_fns):
+        return check_vector_reward(call_reward_fn(reward_fns, rollout, caller, index), caller, reward_fns, index)
     if not isinstance(reward_fns, (list, tuple)) or len(reward_fns) == 0 or not all(callable(f) for f in reward_fns):
         raise TypeError(f"{caller}: `reward_fns` must be a non-empty list of callables "
                         "or one callable returning a vector")
@@ -242,10 +259,10 @@ def zscore_normalizer(
     group_ids: Tensor | None = None,  # (B,) ids; statistics are taken within each group
     eps: float = 1e-6,  # groups with std <= eps count as constant and map to 0
 ) -> Tensor:
-    "(r - mean) / std within each group (population std); constant groups give 0."
+    "(r - mean) / std within each group (std with n - 1, as torch.std and GRPO); constant groups give 0."
     r = _as_reward_tensor(rewards, "zscore_normalizer")
     x, lab, n = _group_layout(r, group_ids, "zscore_normalizer")
-    s = group_stats(x, lab)  # population std; the mean is exact in a constant group
+    s = group_stats(x, lab, unbiased=True)  # std with n - 1 (0 for a group of one); the mean is exact if constant
     centred = x - s.mean[lab]  # (N,)
     return (centred / s.std.clamp_min(eps)[lab]).reshape(r.shape)  # constant group: 0 / eps = 0
 

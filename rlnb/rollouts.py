@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from .tasks import TaskExample
-from .core import (CONFIG_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig, TrainingState,
-                       check_seed, check_tool_calls, collate, model_device, pad_token_id)
+from .core import (CONFIG_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig,
+                       TrainingState, check_seed, check_tool_calls, collate, model_device, pad_token_id)
 from .chat import format_prompt
 from .generation import batch_generate
 from .logprobs import compute_logprobs_for_tokens
@@ -27,7 +27,7 @@ __all__ = ['check_ordered', 'prompt_inputs', 'checked_reward', 'score_rollouts',
            'create_rollout', 'create_rollout_fn', 'DataBuffer', 'create_prompt_loader', 'split_prompts',
            'greedy_rollouts', 'evaluate_accuracy', 'create_eval_fn']
 
-# %% ../nbs/24_rollouts.ipynb #5038b018
+# %% ../nbs/24_rollouts.ipynb #1a9ac6df
 def _unordered(x) -> bool:
     "A set-like collection (set, frozenset): its order changes between processes. A dict's keys keep their order."
     return isinstance(x, Set) and not isinstance(x, (KeysView, ItemsView))
@@ -44,7 +44,25 @@ def check_ordered(
                         f"to the next (PYTHONHASHSEED), so a seeded run and its resume would not be reproducible; "
                         f"pass a list, e.g. sorted({name})")
 
+# %% ../nbs/24_rollouts.ipynb #04d3ea65
+def _prompt_input(p, answer, tokenizer, system_prompt: str | None, template_fn: Callable | None, i: int, fn: str):
+    "One prompt as (formatted text, question as asked, answer, starting conversation)."
+    if isinstance(p, Conversation):
+        if answer is None: answer = (p.metadata or {}).get("answer")
+        question = next((m.content for m in reversed(p.messages) if m.role == "user"), "")
+        return format_prompt(p, tokenizer, template_fn=template_fn), question, answer, p
+    if not isinstance(p, str) and hasattr(p, "prompt"):  # a TaskExample or similar record
+        if answer is None: answer = getattr(p, "answer", None)
+        p = p.prompt
+    if not isinstance(p, str):
+        raise TypeError(f"{fn}: prompts[{i}] is a {type(p).__name__}; "
+                        "expected a str, a Conversation or a record with `.prompt`")
+    if not p: raise ValueError(f"{fn}: prompts[{i}] is an empty string")
+    msgs = ((Message("system", system_prompt),) if system_prompt else ()) + (Message("user", p),)
+    text = format_prompt(p, tokenizer, system_prompt=system_prompt, template_fn=template_fn)
+    return text, p, answer, Conversation(msgs)
 
+# %% ../nbs/24_rollouts.ipynb #5038b018
 def _as_list(x, name: str, fn: str) -> list:
     if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
         raise TypeError(f"{fn}: `{name}` must be a list, got {type(x).__name__}")
@@ -68,30 +86,18 @@ def prompt_inputs(
         answers = _as_list(answers, "answers", fn)
         if len(answers) != len(prompts):
             raise ValueError(f"{fn}: `answers` has {len(answers)} entries, expected {len(prompts)} (one per prompt)")
-    texts, questions, outs, convs = [], [], [], []
-    for i, p in enumerate(prompts):
-        answer = None if answers is None else answers[i]
-        if isinstance(p, Conversation):
-            conv = p
-            if answer is None: answer = (p.metadata or {}).get("answer")
-            question = next((m.content for m in reversed(p.messages) if m.role == "user"), "")
-            text = format_prompt(p, tokenizer, template_fn=template_fn)
-        else:
-            if not isinstance(p, str) and hasattr(p, "prompt"):  # a TaskExample or similar record
-                if answer is None: answer = getattr(p, "answer", None)
-                p = p.prompt
-            if not isinstance(p, str):
-                raise TypeError(f"{fn}: prompts[{i}] is a {type(p).__name__}; "
-                                "expected a str, a Conversation or a record with `.prompt`")
-            if not p: raise ValueError(f"{fn}: prompts[{i}] is an empty string")
-            msgs = ((Message("system", system_prompt),) if system_prompt else ()) + (Message("user", p),)
-            conv, question = Conversation(msgs), p
-            text = format_prompt(p, tokenizer, system_prompt=system_prompt, template_fn=template_fn)
-        texts.append(text); questions.append(question); outs.append(answer); convs.append(conv)
+    rows = [_prompt_input(p, None if answers is None else answers[i], tokenizer, system_prompt, template_fn, i, fn)
+            for i, p in enumerate(prompts)]
+    texts, questions, outs, convs = (list(column) for column in zip(*rows))
     return texts, questions, outs, convs
 
 # %% ../nbs/24_rollouts.ipynb #3a02661a
-def checked_reward(reward_fn: Callable, rollout: Rollout, index: int, fn: str = "create_batch_rollouts"):
+def checked_reward(
+    reward_fn: Callable,  # rollout -> a number, or a vector (list, tuple, 1-d tensor) of numbers
+    rollout: Rollout,  # the rollout to score
+    index: int,  # its position in the batch, named in error messages
+    fn: str = "create_batch_rollouts",  # the caller's name, for the message
+) -> float | tuple[float, ...]:
     "`reward_fn(rollout)` checked as rlnb.rewards checks it: a finite float, or a tuple of finite floats for a vector."
     value = call_reward_fn(reward_fn, rollout, fn, index)
     if isinstance(value, (list, tuple)) or getattr(value, "ndim", 0) == 1:
@@ -329,7 +335,10 @@ def create_prompt_loader(
     return lambda iteration: buffer.prompts_at(iteration * prompts_per_step, prompts_per_step)
 
 # %% ../nbs/24_rollouts.ipynb #6fa07efe
-def split_prompts(items, fn: str = "train") -> list:
+def split_prompts(
+    items,  # what a prompt_loader returned: a list of prompts, or a (prompts, answers) pair
+    fn: str = "train",  # the caller's name, for the message
+) -> list:
     "prompt_loader output -> a list of prompts; a (prompts, answers) pair of strings becomes TaskExamples."
     if isinstance(items, tuple) and len(items) == 2 and not hasattr(items, "_fields"):
         prompts, answers = list(items[0]), list(items[1])

@@ -139,7 +139,7 @@ def _round_seed(prompts: Sequence, seed: int, sampling_round: int) -> int:
     for p in prompts: h.update(b"\x01" + _prompt_key(p).encode())
     return int.from_bytes(h.digest()[:4], "little") & 0x7FFFFFFF
 
-
+# %% ../nbs/25_sampling.ipynb #7c9e0c5d
 def _round_prompts(prompts: list, source: Callable | None, n: int, seed: int, sampling_round: int, drawn: int) -> list:
     "The `n` prompts of one round; `drawn` prompts were used by the earlier rounds."
     if source is None: return [prompts[(drawn + j) % len(prompts)] for j in range(n)]  # cycle the iteration's prompts

@@ -9,7 +9,7 @@ import torch
 from rlnb.core import Generation, GenerationConfig, ModelConfig, Rollout, collate, set_seed
 from rlnb.chat import format_prompt
 from rlnb.generation import batch_generate, generate, generate_with_logprobs
-from rlnb.logprobs import compute_logprobs_for_tokens
+from rlnb.logprobs import compute_logprobs_for_tokens, naive_logprobs
 from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS, apply_lora, load_model, load_tokenizer
 from rlnb.tools import execute_tools, extract_tool_calls
 from rlnb.tiny import build_tiny_model, build_tokenizer
@@ -163,6 +163,24 @@ def test_generation_restores_mode_and_cache(tiny, prompts):
         assert model.training and model.config.use_cache is False
     finally:
         model.eval(); model.config.use_cache = True
+
+
+def test_logprobs_equal_the_per_row_reference_with_padding_on_both_sides(tiny):
+    "compute_logprobs_for_tokens (batched, shared prompts, micro-batches) against naive_logprobs (one row at a time)."
+    model, tok = tiny
+    rs = [Rollout("", prompt_token_ids=tok.encode(p), token_ids=tok.encode(c))
+          for p, c in [("1+2=", "3x"), ("a longer prompt 1+2=", "3"), ("1+2=", "345"), ("7=", "")]]
+    cb = collate(rs, tok.pad_token_id)  # prompts left-padded, completions right-padded (one of them empty)
+    C = cb.completion_ids.shape[1]
+    with torch.no_grad():
+        naive = naive_logprobs(model, cb.input_ids, cb.attention_mask, C, temperature=0.7)  # (4, C)
+        for mb in (None, 1, 3):
+            fast = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, 0.7, micro_batch_size=mb)
+            torch.testing.assert_close(fast * cb.completion_mask, naive, atol=1e-5, rtol=0)
+        ids = torch.tensor([tok.encode("1+2=3x")])
+        by_hand = torch.log_softmax(model(ids).logits[0, -3:-1].float() / 0.7, -1).gather(-1, ids[0, -2:, None])[:, 0]
+    torch.testing.assert_close(naive[0, :2], by_hand, atol=1e-5, rtol=0)
+    assert naive[1, 1:].eq(0).all() and naive[3].eq(0).all()  # completion padding scores 0
 
 
 def test_left_padding_does_not_change_logprobs(tiny):

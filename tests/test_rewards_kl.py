@@ -7,6 +7,7 @@ import torch
 import rlnb.kl as kl
 import rlnb.rewards as rw
 from rlnb.core import Generation, Rollout, collate
+from rlnb.logprobs import naive_logprobs
 from rlnb.models import apply_lora
 
 
@@ -37,9 +38,23 @@ def test_batch_rewards_aggregate_and_normalise():
     scalar = rw.aggregate_vector_rewards(R, weights=[1.0, 0.5])
     assert torch.allclose(scalar, torch.tensor([1.5, 0.5, 1.5, 1.5]))
     z = rw.normalize_rewards(scalar, group_ids=torch.tensor([r.group_index for r in rs]))
-    assert torch.allclose(z, torch.tensor([1.0, -1.0, 0.0, 0.0]))  # the constant second group gives 0, not NaN
+    # std with n - 1, as torch.std: (1.5 - 1) / sqrt(0.5); the constant second group gives 0, not NaN
+    assert torch.allclose(z, torch.tensor([0.5, -0.5, 0.0, 0.0]) / 0.5**0.5)
     for method in ("zscore", "minmax", "rank"):
         assert torch.isfinite(rw.normalize_rewards(torch.full((3, 2), 7.0), method)).all()
+
+
+def test_zscore_is_grpos_group_statistic():
+    "One group z-score in rlnb: zscore_normalizer and GRPO's advantages agree (up to GRPO's eps on the std)."
+    from rlnb.algorithms import compute_grpo_advantages
+    r = torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0.5, 3, -1])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4])  # a mixed group, a constant one, groups of one
+    z = rw.zscore_normalizer(r, g)
+    assert torch.allclose(z, compute_grpo_advantages(r, g), atol=1e-3)
+    assert torch.allclose(z[8:12], (r[8:12] - r[8:12].mean()) / r[8:12].std())  # torch.std's statistic
+    assert z[4:8].eq(0).all() and z[12:].eq(0).all()  # no spread: 0, not NaN
+    tied = rw.pareto_reward(torch.ones(4, 2))  # one front: every rollout 1.0, so no signal for GRPO either
+    assert compute_grpo_advantages(tied, [0] * 4).eq(0).all()
 
 
 # ---------------------------------------------------------------- KL estimators
@@ -63,14 +78,6 @@ def _tiny_qwen2(seed=0):
     return transformers.Qwen2ForCausalLM(cfg)
 
 
-def _logprobs(model, input_ids, attention_mask, completion_length, temperature=1.0, micro_batch_size=None):
-    "Plain scorer on collate's layout (the check does not depend on rlnb.inference)."
-    pos = (attention_mask.cumsum(1) - 1).clamp_min(0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits.float()
-    P = input_ids.shape[1] - completion_length
-    return torch.log_softmax(logits[:, P - 1:-1] / temperature, -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
-
-
 def _batch():
     return collate([Rollout("a", prompt_token_ids=[1, 5, 6], token_ids=[10, 11, 2]),
                     Rollout("b", prompt_token_ids=[1], token_ids=[20, 2])], pad_token_id=0, eos_token_id=2)
@@ -88,14 +95,14 @@ def test_lora_reference_is_adapter_disabled_and_copies_nothing():
         for name, p in policy.named_parameters():
             if "lora_B" in name: p.normal_(0, 0.5)
     cb = _batch(); C = cb.completion_ids.shape[1]
-    ref_lp = kl.get_reference_logprobs(ref, cb.input_ids, cb.attention_mask, C, logprob_extractor=_logprobs)
+    ref_lp = kl.get_reference_logprobs(ref, cb.input_ids, cb.attention_mask, C, logprob_extractor=naive_logprobs)
     with torch.no_grad():
-        base_lp = _logprobs(base_copy, cb.input_ids, cb.attention_mask, C)
-        policy_lp = _logprobs(policy, cb.input_ids, cb.attention_mask, C)
+        base_lp = naive_logprobs(base_copy, cb.input_ids, cb.attention_mask, C)
+        policy_lp = naive_logprobs(policy, cb.input_ids, cb.attention_mask, C)
     assert torch.allclose(ref_lp, base_lp, atol=1e-5)
-    # rlnb.inference's scorer
+    # rlnb.logprobs' scorer
     default_lp = kl.get_reference_logprobs(ref, cb.input_ids, cb.attention_mask, C, micro_batch_size=1)
-    assert torch.allclose(default_lp, base_lp, atol=1e-5)
+    assert torch.allclose(default_lp * cb.completion_mask, base_lp, atol=1e-5)  # the reference gives 0 on padding
     assert (policy_lp - base_lp).abs().max() > 1e-2  # adapters are back on after the reference pass
     assert len(list(policy.parameters())) == n_tensors and {p.data_ptr() for p in policy.parameters()} == ptrs
     with pytest.raises(ValueError, match="AdapterDisabledRef"):

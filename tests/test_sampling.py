@@ -162,3 +162,25 @@ def test_prompt_source_and_bad_arguments():
                                    prompt_source=lambda n, seed: ["x"])(None, None, ["p", "q"], CFG)
     with pytest.raises(TypeError, match="must return a Batch"):
         create_filtered_rollout_fn(lambda *a: [], nonzero_std_filter)(None, None, ["p"], CFG)
+
+
+def test_dynamic_sampling_in_a_training_run():
+    "`train` takes the wrapped rollout_fn as it is; its sampling counts reach the logged metrics."
+    from rlnb.training import train
+    task, rows = get_task("addition"), []
+    dapo_sampling = create_filtered_rollout_fn(create_rollout_fn(task.reward_fn), nonzero_std_filter, max_rounds=3,
+                                               prompt_source=task)
+    state = train(create_training_config(num_iterations=3, eval_every=0), rollout_fn=dapo_sampling, progress=False,
+                  logger=lambda s, st: rows.append(dict(st.custom_metrics)))
+    assert state.iteration == 3 and len(rows) == 3
+    assert all(0 < r["sampling/groups_kept"] <= 16 and r["sampling/rounds"] >= 1 and "reward/mean" in r for r in rows)
+
+
+def test_sampling_settings_with_the_catalogues_dapo_defaults():
+    from rlnb.catalogue import DAPO_DEFAULTS
+    from rlnb.core import TrainingConfig
+    from rlnb.sampling import sampling_settings
+    got = sampling_settings(TrainingConfig(), DAPO_DEFAULTS)
+    assert {k: v for k, v in got.items() if k != "overlong_penalty"} == dict(
+        dynamic_sampling=True, over_sampling_factor=3, max_sampling_rounds=3, overlong_buffer=4)
+    assert sampling_settings(TrainingConfig(overlong_buffer=0), DAPO_DEFAULTS)["overlong_buffer"] == 0  # config wins
