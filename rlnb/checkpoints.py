@@ -1,4 +1,4 @@
-"""Saving a run so that it can be resumed exactly — weights, optimizer, schedule, counters and random streams — and replacing the saved copy so that a crash at any instant still leaves a complete one.
+"""Saving a run so that it resumes exactly, and replacing the saved copy so that a crash never leaves none.
 
 Docs: https://rlnb.github.io/rlnb/checkpoints.html.md"""
 

@@ -1,4 +1,4 @@
-"""Watching a run: one record per step, written to the console, a crash-proof JSONL file, Weights & Biases, TensorBoard or a plain-text progress line, and read back into pandas for plots.
+"""Watching a run: a record per step to the console, a crash-proof JSONL file, W&B or TensorBoard; then pandas.
 
 Docs: https://rlnb.github.io/rlnb/loggers.html.md"""
 
@@ -182,7 +182,7 @@ def _mean(values: list) -> float | None:
 
 # %% ../nbs/40_loggers.ipynb #3b2465df
 def _window_line(head: str, window: dict, acc: float | None, step_s: float | None, left: int) -> str:
-    "One progress line: `head`, then the window's mean reward, the accuracy, mean kl and loss, s/it and eta, each if known."
+    "One progress line: `head`, then the window's means (reward, kl, loss), the accuracy, s/it and eta, if known."
     parts, mean = [], {k: _mean(v) for k, v in window.items()}
     if mean.get("reward") is not None: parts.append(f"reward {mean['reward']:.2f}")
     if acc is not None: parts.append(f"acc {acc:.2f}")
