@@ -19,7 +19,10 @@ __all__ = ['METRIC_LABELS', 'metrics_record', 'log_to_console', 'check_metrics_f
            'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/40_loggers.ipynb #05a15ce3
-def metrics_record(state: TrainingState, stats: TrainingStats) -> dict:
+def metrics_record(
+    state: TrainingState,  # the run after the step (its iteration and global_step are read)
+    stats: TrainingStats,  # what the step measured (its custom_metrics are the record's metrics)
+) -> dict:
     "The flat dict a logger writes: iteration, step and the namespaced metrics."
     return {"iteration": state.iteration, "step": state.global_step, **(stats.custom_metrics or {})}
 
