@@ -99,7 +99,7 @@ def create_sft_rollout_fn(
         return Batch(rollouts, {"num_prompts": len(rollouts)})
     return sft_rollout_fn
 
-# %% ../nbs/43_sft.ipynb #81a1edf5
+# %% ../nbs/43_sft.ipynb #d45914bc
 def _check_examples(
     examples: Sequence,  # what sft was given as `examples`
 ) -> None:
@@ -115,7 +115,7 @@ def _check_examples(
             raise TypeError(f"sft: examples[{i}] is a {type(e).__name__}; expected a (prompt, answer) pair, "
                             "a record with .prompt/.answer or a Conversation")
 
-
+# %% ../nbs/43_sft.ipynb #81a1edf5
 def sft(
     model,  # the model to fine-tune, in place (a peft model trains its adapters only)
     tokenizer,  # its tokenizer
