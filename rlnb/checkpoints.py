@@ -1,4 +1,4 @@
-"""Saving a run so that it can be resumed exactly — weights, optimizer, schedule, counters and random streams — and replacing the saved copy so that a crash at any instant still leaves a complete one.
+"""Saving a run so that it resumes exactly, and replacing the saved copy so that a crash never leaves none.
 
 Docs: https://rlnb.github.io/rlnb/checkpoints.html.md"""
 
@@ -18,8 +18,8 @@ from .core import TrainingState, TrainingStats, from_jsonable, is_peft_model, mo
 __all__ = ['rng_state', 'set_rng_state', 'checkpoint_exists', 'save_checkpoint', 'load_checkpoint', 'checkpoint_metadata']
 
 # %% ../nbs/41_checkpoints.ipynb #27ee6ce6
-def rng_state() -> dict:
-    "The Python, numpy, torch (and CUDA) random states, in types `torch.load(weights_only=True)` accepts."
+def rng_state() -> dict:  # {"python", "torch", and "cuda", "numpy" where present}: pass it to set_rng_state
+    "Every random state a run draws from (Python, numpy, torch, CUDA), in types `torch.load(weights_only=True)` reads."
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available(): state["cuda"] = torch.cuda.get_rng_state_all()
     try:
@@ -30,8 +30,10 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    "Put back the random states `rng_state` captured."
+def set_rng_state(
+    state: dict,  # what rng_state() returned (possibly saved with torch.save and read back with torch.load)
+) -> None:
+    "Put back the random states `rng_state` captured, so the next draws are the ones that followed the capture."
     random.setstate(tuple(tuple(x) if isinstance(x, list) else x for x in state["python"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state["cuda"])
@@ -47,7 +49,9 @@ def _jsonable_metadata(metadata: Mapping | None) -> dict:
     "The entries of `metadata` that survive to_jsonable and json.dumps (others, like models, are left out)."
     out = {}
     for k, v in (metadata or {}).items():
-        try: out[str(k)] = to_jsonable(v); json.dumps(out[str(k)])
+        try:
+            out[str(k)] = to_jsonable(v)
+            json.dumps(out[str(k)])
         except (TypeError, ValueError): out.pop(str(k), None)
     return out
 
@@ -90,17 +94,11 @@ def _write_checkpoint(state: TrainingState, folder: Path) -> None:
             "value_head": state.value_head is not None,  # which optional files exist: loading checks they still do
             "optimizer": state.optimizer is not None, "scheduler": state.scheduler is not None}
     (folder / "state.json").write_text(json.dumps(meta))  # last: its presence marks a complete checkpoint
-    _fsync(folder / "state.json"); _fsync(folder)
+    _fsync(folder / "state.json")
+    _fsync(folder)
 
 # %% ../nbs/41_checkpoints.ipynb #93a0837a
 def _complete(folder: Path) -> bool: return (folder / "state.json").is_file()
-
-
-def _siblings(path: Path, kind: str) -> list[Path]:
-    "The `.{name}.tmp-*` or `.{name}.old-*` entries beside `path` that saves left."
-    prefix = f".{path.name}.{kind}-"
-    try: return sorted(p for p in path.parent.iterdir() if p.name.startswith(prefix))
-    except FileNotFoundError: return []
 
 
 def _position(folder: Path) -> tuple[int, int]:
@@ -110,6 +108,13 @@ def _position(folder: Path) -> tuple[int, int]:
     at = (meta.get("iteration"), meta.get("global_step")) if isinstance(meta, dict) else (None, None)
     return at if all(isinstance(v, int) and not isinstance(v, bool) for v in at) else (-1, -1)
 
+# %% ../nbs/41_checkpoints.ipynb #a6fb127b
+def _siblings(path: Path, kind: str) -> list[Path]:
+    "The `.{name}.tmp-*` or `.{name}.old-*` entries beside `path` that saves left."
+    prefix = f".{path.name}.{kind}-"
+    try: return sorted(p for p in path.parent.iterdir() if p.name.startswith(prefix))
+    except FileNotFoundError: return []
+
 
 def _checkpoint_folder(path: Path) -> Path | None:
     "`path` if complete, else the complete `.old-*` sibling furthest into the run (a save killed mid-swap), else None."
@@ -117,7 +122,7 @@ def _checkpoint_folder(path: Path) -> Path | None:
     found = [p for p in _siblings(path, "old") if _complete(p)]
     return max(found, key=lambda p: (_position(p), (p / "state.json").stat().st_mtime_ns)) if found else None
 
-
+# %% ../nbs/41_checkpoints.ipynb #fa797e13
 def checkpoint_exists(
     path: str | Path,  # a checkpoint directory, as given to save_checkpoint
 ) -> bool:
@@ -127,7 +132,9 @@ def checkpoint_exists(
 # %% ../nbs/41_checkpoints.ipynb #192a67b5
 def _remove_checkpoint(folder: Path) -> None:
     "Delete a checkpoint folder, state.json first (a half-deleted folder never looks complete); a link: only the link."
-    if folder.is_symlink() or not folder.is_dir(): folder.unlink(missing_ok=True); return
+    if folder.is_symlink() or not folder.is_dir():
+        folder.unlink(missing_ok=True)
+        return
     (folder / "state.json").unlink(missing_ok=True)
     _fsync(folder)
     shutil.rmtree(folder, ignore_errors=True)
@@ -138,7 +145,8 @@ def _recover(path: Path) -> None:
     found = _checkpoint_folder(path)
     if found is not None and found != path:
         if path.exists(): _remove_checkpoint(path)  # not a complete checkpoint (it would have been found)
-        os.rename(found, path); _fsync(path.parent)
+        os.rename(found, path)
+        _fsync(path.parent)
     kept = _position(path) if found is not None else (-1, -1)
     for p in _siblings(path, "tmp"): _remove_checkpoint(p)
     for p in _siblings(path, "old"):
@@ -147,7 +155,7 @@ def _recover(path: Path) -> None:
                           f"{_position(p)}) than {path} {kept}; it is kept, not deleted: move it away or delete it")
         else: _remove_checkpoint(p)
 
-
+# %% ../nbs/41_checkpoints.ipynb #e5e9864c
 def save_checkpoint(
     state: TrainingState,  # the run to save
     path: str | Path,  # the checkpoint directory (replaced if it exists)
@@ -160,7 +168,8 @@ def save_checkpoint(
         raise ValueError(f"save_checkpoint: `path` {str(path)!r} is {what}, not a checkpoint folder; rlnb replaces "
                          "checkpoint folders whole and will not delete through it: give a folder's own path")
     if saver is not None:
-        saver(state, str(path)); return path
+        saver(state, str(path))
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     _recover(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
@@ -199,7 +208,7 @@ def _load_safetensors(file: Path, model) -> dict:
                              "corrupt (resuming would sample from non-finite probabilities)")
     return weights
 
-
+# %% ../nbs/41_checkpoints.ipynb #50e77d00
 def _check_shapes(file: Path, weights: Mapping, expected: Mapping) -> None:
     "Every weight in `weights` that the model has must have the model's shape."
     for k, w in weights.items():
@@ -219,7 +228,20 @@ def _load_full_weights(model, file: Path) -> None:
     untied = [n for n in missing if model.state_dict()[n].data_ptr() not in loaded_ptrs]  # tied weights share storage
     if untied: raise ValueError(f"load_checkpoint: {file} lacks weights the model has: {untied[:5]}")
 
+# %% ../nbs/41_checkpoints.ipynb #838fc03b
+def _load_lora_weights(model, file: Path) -> None:
+    "Load adapter_model.safetensors into a peft `model`; its adapters and the file's must match name for name."
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    weights = _load_safetensors(file, model)
+    expected = get_peft_model_state_dict(model)
+    _check_shapes(file, weights, expected)
+    missing = [k for k in expected if k not in weights]
+    if missing: raise ValueError(f"load_checkpoint: {file} lacks adapter weights the model has: {missing[:5]}")
+    res = set_peft_model_state_dict(model, weights)
+    if getattr(res, "unexpected_keys", None):
+        raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
 
+# %% ../nbs/41_checkpoints.ipynb #05a999a4
 _META_KEYS = ("format", "weights", "iteration", "global_step", "stats_history", "metadata")
 _MAX_COUNT = 2**53  # a counter this large is corrupt (and JSON numbers lose precision above it)
 _STAT_FIELDS = ("loss", "grad_norm", "learning_rate", "kl_divergence", "rewards_mean", "rewards_std")
@@ -253,7 +275,7 @@ def _check_history(file: Path, saved) -> None:
         problem = _stats_problem(stats)
         if problem: raise ValueError(f"load_checkpoint: {file} has stats_history[{i}] = {problem}: it is corrupt")
 
-
+# %% ../nbs/41_checkpoints.ipynb #bafa2859
 def _read_meta(file: Path) -> dict:
     "state.json as a dict with every key load_checkpoint needs, each of its kind, or a ValueError naming the file."
     try: meta = json.loads(file.read_text())
@@ -285,7 +307,7 @@ def _read_meta(file: Path) -> dict:
     _check_history(file, meta["stats_history"])
     return meta
 
-
+# %% ../nbs/41_checkpoints.ipynb #b469d785
 _PER_WEIGHT_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
 
 
@@ -298,7 +320,27 @@ def _check_optimizer_shapes(file: Path, optimizer) -> None:
                     raise ValueError(f"load_checkpoint: {file} holds {k!r} of shape {tuple(v.shape)} for a parameter "
                                      f"of shape {tuple(p.shape)}; the optimizer was saved for other parameters")
 
+# %% ../nbs/41_checkpoints.ipynb #37d55100
+def _restore_run_state(folder: Path, meta: dict, model, optimizer, scheduler, restore_rng: bool) -> None:
+    "Restore the optimizer, the scheduler and the random states from their files, each named if damaged or missing."
+    device = model_device(model)
+    parts = [("optimizer.pt", optimizer, lambda s: optimizer.load_state_dict(s)),
+             ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)),
+             ("rng.pt", restore_rng or None, set_rng_state)]
+    written = {"optimizer.pt": meta.get("optimizer"), "scheduler.pt": meta.get("scheduler"), "rng.pt": True}
+    for name, target, restore in parts:  # each file is read, then restored; a damaged or mismatched one is named
+        if target is None: continue
+        if not (folder / name).exists():
+            if not written[name]: continue  # the run had none (None: a checkpoint from before state.json said)
+            raise FileNotFoundError(f"load_checkpoint: {folder / name} is missing, but the checkpoint was saved with "
+                                    "it; resuming without it would not continue the run exactly")
+        state = _read(folder / name, lambda f: torch.load(f, weights_only=True,
+                                                          map_location=device if name == "optimizer.pt" else None))
+        try: restore(state)
+        except Exception as e:
+            raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
 
+# %% ../nbs/41_checkpoints.ipynb #7622155b
 def load_checkpoint(
     path: str | Path,  # a directory written by save_checkpoint
     model,  # the model to load the weights into (built the same way: same base model, same LoRA config)
@@ -318,16 +360,7 @@ def load_checkpoint(
         if not is_peft_model(model):
             raise ValueError(f"load_checkpoint: {path} holds LoRA adapter weights but `model` is not a peft model; "
                              "apply the same LoRA first")
-        from peft import get_peft_model_state_dict, set_peft_model_state_dict
-        file = folder / "adapter_model.safetensors"
-        weights = _load_safetensors(file, model)
-        expected = get_peft_model_state_dict(model)
-        _check_shapes(file, weights, expected)
-        missing = [k for k in expected if k not in weights]
-        if missing: raise ValueError(f"load_checkpoint: {file} lacks adapter weights the model has: {missing[:5]}")
-        res = set_peft_model_state_dict(model, weights)
-        if getattr(res, "unexpected_keys", None):
-            raise ValueError(f"load_checkpoint: {file} has adapter weights the model lacks: {res.unexpected_keys[:5]}")
+        _load_lora_weights(model, folder / "adapter_model.safetensors")
     else: _load_full_weights(model, folder / "model.safetensors")
     if meta.get("value_head") and value_head is None:
         raise ValueError(f"load_checkpoint: {path} holds a value head (a PPO run); pass `value_head=` "
@@ -336,22 +369,7 @@ def load_checkpoint(
         if not meta.get("value_head"):
             raise ValueError(f"load_checkpoint: `value_head` was given but {path} holds none")
         _load_full_weights(value_head, folder / "value_head.safetensors")
-    device = model_device(model)
-    parts = [("optimizer.pt", optimizer, lambda s: optimizer.load_state_dict(s)),
-             ("scheduler.pt", scheduler, lambda s: scheduler.load_state_dict(s)),
-             ("rng.pt", restore_rng or None, set_rng_state)]
-    written = {"optimizer.pt": meta.get("optimizer"), "scheduler.pt": meta.get("scheduler"), "rng.pt": True}
-    for name, target, restore in parts:  # each file is read, then restored; a damaged or mismatched one is named
-        if target is None: continue
-        if not (folder / name).exists():
-            if not written[name]: continue  # the run had none (None: a checkpoint from before state.json said)
-            raise FileNotFoundError(f"load_checkpoint: {folder / name} is missing, but the checkpoint was saved with "
-                                    "it; resuming without it would not continue the run exactly")
-        state = _read(folder / name, lambda f: torch.load(f, weights_only=True,
-                                                          map_location=device if name == "optimizer.pt" else None))
-        try: restore(state)
-        except Exception as e:
-            raise ValueError(f"load_checkpoint: {folder / name} does not fit ({type(e).__name__}: {e})") from None
+    _restore_run_state(folder, meta, model, optimizer, scheduler, restore_rng)
     if optimizer is not None: _check_optimizer_shapes(folder / "optimizer.pt", optimizer)
     return TrainingState(iteration=meta["iteration"], global_step=meta["global_step"], model=model, optimizer=optimizer,
                          scheduler=scheduler, stats_history=tuple(from_jsonable(meta["stats_history"])),

@@ -1,4 +1,4 @@
-"""Watching a run: one record per step, written to the console, a crash-proof JSONL file, Weights & Biases, TensorBoard or a plain-text progress line, and read back into pandas for plots.
+"""Watching a run: a record per step to the console, a crash-proof JSONL file, W&B or TensorBoard; then pandas.
 
 Docs: https://rlnb.github.io/rlnb/loggers.html.md"""
 
@@ -19,7 +19,10 @@ __all__ = ['METRIC_LABELS', 'metrics_record', 'log_to_console', 'check_metrics_f
            'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/40_loggers.ipynb #05a15ce3
-def metrics_record(state: TrainingState, stats: TrainingStats) -> dict:
+def metrics_record(
+    state: TrainingState,  # the run after the step (its iteration and global_step are read)
+    stats: TrainingStats,  # what the step measured (its custom_metrics are the record's metrics)
+) -> dict:
     "The flat dict a logger writes: iteration, step and the namespaced metrics."
     return {"iteration": state.iteration, "step": state.global_step, **(stats.custom_metrics or {})}
 
@@ -73,7 +76,8 @@ def create_jsonl_logger(
                                   "closed it with a newline")
                     line = b"\n" + line
             f.write(line)
-            f.flush(); os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
     log.path = path
     return log
 
@@ -117,7 +121,7 @@ def _logged_after(value, iteration: int) -> bool:
     at = (value.get("iteration"), value.get("step"))
     return all(isinstance(v, int) and not isinstance(v, bool) for v in at) and at[0] > iteration
 
-
+# %% ../nbs/40_loggers.ipynb #e74862cf
 def drop_metrics_after(
     path: str | Path,  # a run's JSONL metrics file (missing: nothing to do)
     iteration: int,  # the iteration the run resumes from: rlnb's rows logged after it are dropped
@@ -167,9 +171,6 @@ def log_to_wandb(
     wandb.log({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}, step=record["step"])
 
 # %% ../nbs/40_loggers.ipynb #c374be95
-_LOSS_KEYS = ("loss/total", "loss/policy", "loss/sft")  # the first one present is shown
-
-
 def _duration(seconds: float) -> str:
     "47 s, 12 min, 3.5 h."
     if not math.isfinite(seconds): return "?"
@@ -178,12 +179,13 @@ def _duration(seconds: float) -> str:
 
 
 def _mean(values: list) -> float | None:
+    "The mean of the finite numbers in `values`; None when there are none (a metric this window did not log)."
     values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return sum(values) / len(values) if values else None
 
-
-def _progress_line(head: str, window: dict, acc: float | None, step_s: float | None, left: int) -> str:
-    "`head` then reward, acc, kl, loss, s/it and eta: each only if known."
+# %% ../nbs/40_loggers.ipynb #3b2465df
+def _window_line(head: str, window: dict, acc: float | None, step_s: float | None, left: int) -> str:
+    "One progress line: `head`, then the window's means (reward, kl, loss), the accuracy, s/it and eta, if known."
     parts, mean = [], {k: _mean(v) for k, v in window.items()}
     if mean.get("reward") is not None: parts.append(f"reward {mean['reward']:.2f}")
     if acc is not None: parts.append(f"acc {acc:.2f}")
@@ -193,11 +195,14 @@ def _progress_line(head: str, window: dict, acc: float | None, step_s: float | N
     return head + " " + "  ".join(parts)
 
 # %% ../nbs/40_loggers.ipynb #de050d42
+_LOSS_KEYS = ("loss/total", "loss/policy", "loss/sft")  # the first one present is shown
+
+
 def create_progress_logger(
     total: int,  # iterations in the whole run (train's `num_iterations`)
     every_s: float = 60.0,  # a line at least this often, in seconds (0 = every iteration): a heartbeat in slow runs
     every_frac: float = 0.1,  # ... and each time this fraction of the run is done (0 = by time only)
-    print_fn: Callable[[str], None] | None = None,  # where lines go (None = print, flushed)
+    log_fn: Callable[[str], None] | None = None,  # where lines go (None = print, flushed)
 ) -> Callable[[TrainingState, TrainingStats], None]:
     "A logger printing plain progress lines: the first iteration, then every `every_frac` or `every_s`, and the last."
     fn = "create_progress_logger"
@@ -205,7 +210,7 @@ def create_progress_logger(
         raise ValueError(f"{fn}: `total` must be an int >= 1, got {total!r}")
     if not every_s >= 0: raise ValueError(f"{fn}: `every_s` must be >= 0, got {every_s!r}")
     if not 0 <= every_frac <= 1: raise ValueError(f"{fn}: `every_frac` must be in [0, 1], got {every_frac!r}")
-    out = print_fn or (lambda line: print(line, flush=True))
+    out = log_fn or (lambda line: print(line, flush=True))
     chunk = every_frac * total  # iterations between fraction lines
     seen = {"iteration": None, "time": time.monotonic(), "acc": None, "explained": False}  # at the last line printed
     window = {"reward": [], "kl": [], "loss": [], "step_s": []}  # values since the last line
@@ -219,7 +224,8 @@ def create_progress_logger(
             if seen["iteration"] is not None and seen["iteration"] >= total and seen["acc"] is not None:
                 out(f"{head(it)} acc {seen['acc']:.2f}  (final evaluation)")
             return
-        window["reward"].append(m.get("reward/mean")); window["kl"].append(m.get("kl/mean"))
+        window["reward"].append(m.get("reward/mean"))
+        window["kl"].append(m.get("kl/mean"))
         window["loss"].append(next((m[k] for k in _LOSS_KEYS if k in m), stats.loss))
         window["step_s"].append(m.get("time/step_s"))
         last = seen["iteration"]
@@ -228,7 +234,7 @@ def create_progress_logger(
         if not due: return
         step_s = _mean(window["step_s"])
         if step_s is None: step_s = (now - seen["time"]) / len(window["reward"])  # no timing metric: wall clock
-        out(_progress_line(head(it), window, seen["acc"], step_s, max(total - it, 0)))
+        out(_window_line(head(it), window, seen["acc"], step_s, max(total - it, 0)))
         loss = _mean(window["loss"])
         if loss is not None and abs(loss) < 1e-6 and not seen["explained"]:  # once: it looks like a bug, it is not
             out("  (a loss near 0 is normal here: at one update per batch the policy ratio is 1 and the advantages "
@@ -239,9 +245,11 @@ def create_progress_logger(
     return log
 
 # %% ../nbs/40_loggers.ipynb #6df5cadb
-METRIC_LABELS = {"reward/mean": "mean reward", "kl/mean": "KL to reference (k3, per token)", "loss/policy": "policy loss",
-           "loss/total": "total loss", "loss/sft": "SFT loss", "eval/accuracy": "greedy accuracy (held-out)",
-           "time/step_s": "seconds per iteration", "grad_norm": "gradient norm (before clipping)"}
+# a metric's name -> the title of its plot; any plot of rlnb's metrics can use it (a name missing here is its own title)
+METRIC_LABELS = {"reward/mean": "mean reward", "kl/mean": "KL to reference (k3, per token)",
+                 "loss/policy": "policy loss", "loss/total": "total loss", "loss/sft": "SFT loss",
+                 "eval/accuracy": "greedy accuracy (held-out)", "time/step_s": "seconds per iteration",
+                 "grad_norm": "gradient norm (before clipping)"}
 
 
 def plot_metrics(
@@ -282,7 +290,9 @@ def _wandb_records(path: Path):
     if data[:4] != b":W&B": raise ValueError(f"load_wandb_metrics: {path} is not a W&B run file (no ':W&B' header)")
     pos, part = 7, b""
     while pos + 7 <= len(data):
-        if block - pos % block < 7: pos += block - pos % block; continue  # too short for a header: block padding
+        if block - pos % block < 7:  # too short for a header: block padding
+            pos += block - pos % block
+            continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]  # (checksum: 4 bytes first)
         payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
         if pos > len(data): return  # a torn tail: the writer has not finished this piece

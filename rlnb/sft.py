@@ -1,4 +1,4 @@
-"""SFT on (prompt, answer) pairs or whole conversations, with the training loop of RL; then RL from the same weights.
+"""SFT on (prompt, answer) pairs or conversations with RL's training loop; then RL from the same weights.
 
 Docs: https://rlnb.github.io/rlnb/sft.html.md"""
 
@@ -61,7 +61,8 @@ def tokenize_sft_example(
             # not after the turn's end
             if trained and eos in t: t_mask = [1] * (len(t) - t[::-1].index(eos)) + [0] * t[::-1].index(eos)
             else: t_mask = [int(trained)] * len(t)
-            tokens += t; mask += t_mask
+            tokens += t
+            mask += t_mask
         answer, loss_mask = example.messages[-1].content, mask
     else:
         if isinstance(example, (tuple, list)) and len(example) == 2: question, answer = example
@@ -98,6 +99,22 @@ def create_sft_rollout_fn(
         return Batch(rollouts, {"num_prompts": len(rollouts)})
     return sft_rollout_fn
 
+# %% ../nbs/43_sft.ipynb #d45914bc
+def _check_examples(
+    examples: Sequence,  # what sft was given as `examples`
+) -> None:
+    "A non-empty list of pairs, records or Conversations with an assistant turn; checked up front, not mid-run."
+    if isinstance(examples, (str, bytes)) or not hasattr(examples, "__len__") or len(examples) == 0:
+        raise ValueError("sft: `examples` must be a non-empty list of (prompt, answer) pairs, records or Conversations")
+    for i, e in enumerate(examples):  # checked up front: a bad example found mid-run would waste the steps before it
+        if isinstance(e, Conversation):
+            if not any(m.role == "assistant" for m in e.messages):
+                raise ValueError(f"sft: examples[{i}] is a Conversation without an assistant message; "
+                                 "there is nothing to learn from")
+        elif not ((isinstance(e, (tuple, list)) and len(e) == 2) or (hasattr(e, "prompt") and hasattr(e, "answer"))):
+            raise TypeError(f"sft: examples[{i}] is a {type(e).__name__}; expected a (prompt, answer) pair, "
+                            "a record with .prompt/.answer or a Conversation")
+
 # %% ../nbs/43_sft.ipynb #81a1edf5
 def sft(
     model,  # the model to fine-tune, in place (a peft model trains its adapters only)
@@ -114,7 +131,7 @@ def sft(
     seed: int = 0,  # seeds the example order
     system_prompt: str | None = None,  # system message before plain prompts
     template_fn: Callable | None = None,  # (conversation, tokenizer) -> text
-    eval_fn: Callable | None = None,  # state -> {name: value}, e.g. rlnb.training.create_eval_fn(task, tokenizer)
+    eval_fn: Callable | None = None,  # state -> {name: value}, e.g. rlnb.rollouts.create_eval_fn(task, tokenizer)
     eval_every: int = 0,  # iterations between evaluations (0 = only with stop_fn's help: never)
     stop_fn: Callable | None = None,  # (state, metrics) -> True to stop
     logger=None,  # (state, stats) -> None, or a list
@@ -127,19 +144,10 @@ def sft(
 ):  # (final TrainingState, metrics DataFrame)
     "Supervised fine-tuning on `examples` with the training loop of RL: NLL of the answer tokens (assistant turns)."
     import pandas as pd
-    if isinstance(examples, (str, bytes)) or not hasattr(examples, "__len__") or len(examples) == 0:
-        raise ValueError("sft: `examples` must be a non-empty list of (prompt, answer) pairs, records or Conversations")
+    _check_examples(examples)
     if eval_every and eval_fn is None: raise ValueError(f"sft: `eval_every`={eval_every} needs an `eval_fn`")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"sft: `batch_size` must be an int >= 1, got {batch_size!r}")
-    for i, e in enumerate(examples):  # checked up front: a bad example found mid-run would waste the steps before it
-        if isinstance(e, Conversation):
-            if not any(m.role == "assistant" for m in e.messages):
-                raise ValueError(f"sft: examples[{i}] is a Conversation without an assistant message; "
-                                 "there is nothing to learn from")
-        elif not ((isinstance(e, (tuple, list)) and len(e) == 2) or (hasattr(e, "prompt") and hasattr(e, "answer"))):
-            raise TypeError(f"sft: examples[{i}] is a {type(e).__name__}; expected a (prompt, answer) pair, "
-                            "a record with .prompt/.answer or a Conversation")
     with warnings.catch_warnings():  # a short SFT run may end inside the warm-up: sft's default, not a slip
         warnings.filterwarnings("ignore", message=".*never reaches its peak")
         config = create_training_config(

@@ -1,4 +1,4 @@
-"""One optimizer step, one rollout-then-update iteration, and the loop around them, with every hook of a run in one place.
+"""One optimizer step, one rollout-then-update iteration, and the loop around them, with every hook of a run.
 
 Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
@@ -140,12 +140,6 @@ def default_num_threads(
     return 1 if n < SMALL_MODEL_PARAMS else torch.get_num_threads()
 
 # %% ../nbs/42_training.ipynb #1369d06b
-def _select(cb: CollatedBatch, idx: Tensor) -> CollatedBatch:
-    "Rows `idx` of every per-sequence tensor (prompt and completion widths are kept)."
-    pick = lambda t: t[idx] if isinstance(t, Tensor) else t
-    return cb._replace(**{f: pick(getattr(cb, f)) for f in cb._fields})
-
-
 def _is_number(v) -> bool:
     "A real number, or a one-element tensor or array (what a loss or an evaluation may report)."
     if isinstance(v, numbers.Real): return True
@@ -156,7 +150,7 @@ def _is_metrics(m) -> bool:
     "{name: number} with str names: what a loss function and an evaluation report."
     return isinstance(m, Mapping) and all(isinstance(k, str) and _is_number(v) for k, v in m.items())
 
-
+# %% ../nbs/42_training.ipynb #ce1e8651
 def _checked_loss(out, fn: str) -> tuple[Tensor, Mapping]:
     "A loss function's result: (a scalar tensor, {name: number}), or an error saying what came back."
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
@@ -179,6 +173,12 @@ def _checked_norm(value, fn: str) -> float:
         raise TypeError(f"{fn}: `optimizer_step_fn` returned {reprlib.repr(value)}; expected the gradient norm")
     return float(value)
 
+# %% ../nbs/42_training.ipynb #e8955f7a
+def _select(cb: CollatedBatch, idx: Tensor) -> CollatedBatch:
+    "Rows `idx` of every per-sequence tensor (prompt and completion widths are kept)."
+    pick = lambda t: t[idx] if isinstance(t, Tensor) else t
+    return cb._replace(**{f: pick(getattr(cb, f)) for f in cb._fields})
+
 
 def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
                    units: Tensor | None = None) -> list[tuple[Tensor, float]]:
@@ -194,7 +194,7 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
         return [(i, float(cb.loss_mask[i].sum() / total)) for i in chunks]
     return [(i, len(i) / B) for i in chunks]
 
-
+# %% ../nbs/42_training.ipynb #0d740d6b
 def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, float]:
     "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
     out = {}
@@ -205,6 +205,17 @@ def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, f
     r = raw.float().cpu()
     return {"reward/mean": r.mean().item(), "reward/std": r.std(unbiased=False).item(),
             "reward/zero_std_frac": (stats.max == stats.min).float().mean().item(), **out}
+
+
+def _step_stats(per_update: list[dict], cb: CollatedBatch, raw_rewards: Tensor, lr: float,
+                algo: Mapping) -> TrainingStats:
+    "The step's record: each metric averaged over the updates, then the rewards, learning rate and tokens sampled."
+    metrics = {k: sum(u.get(k, 0.0) for u in per_update) / len(per_update) for k in per_update[0]}
+    if cb.advantages is not None: metrics.update(_reward_metrics(raw_rewards, cb.rewards, cb.group_ids))
+    metrics.update({"lr": lr, "tokens/generated": float(cb.completion_mask.sum()), "algorithm": algo.get("name")})
+    return TrainingStats(loss=metrics["loss/total"], grad_norm=metrics["grad_norm"], learning_rate=lr,
+                         kl_divergence=metrics.get("kl/mean", 0.0), rewards_mean=metrics.get("reward/mean", 0.0),
+                         rewards_std=metrics.get("reward/std", 0.0), custom_metrics=metrics)
 
 # %% ../nbs/42_training.ipynb #10607743
 def _checked_rewards(r, B: int, device, fn: str) -> Tensor:
@@ -233,6 +244,60 @@ def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable |
     r = reward_transform(cb.rewards, cb.group_ids, rollouts)
     return cb._replace(rewards=_checked_rewards(r, cb.rewards.shape[0], cb.rewards.device, fn))
 
+# %% ../nbs/42_training.ipynb #bcb20862
+def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, spec, head,
+                       cfg: TrainingConfig) -> CollatedBatch:
+    "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
+    model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
+    with torch.no_grad():
+        if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
+            old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
+                                                      micro_batch_size=size, value_head=head)
+            cb = cb._replace(old_logprobs=old if cb.old_logprobs is None else cb.old_logprobs, old_values=values)
+        elif cb.old_logprobs is None and cfg.updates_per_batch > 1:
+            cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(
+                model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
+        if cb.ref_logprobs is None and state.ref_model is not None:
+            cb = cb._replace(ref_logprobs=get_reference_logprobs(
+                state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
+        if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
+    return cb
+
+# %% ../nbs/42_training.ipynb #1ebec406
+def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: Mapping, kl_fn: Callable | None,
+                      cfg: TrainingConfig, measure_kl: bool, iteration: int, fn: str) -> tuple[Tensor, Mapping]:
+    "Step 4 on one micro-batch: log-probs with grad, then `loss_fn`'s loss (checked: a gradient, finite) and metrics."
+    logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
+                                           temperature=cfg.temperature, value_head=head)  # (b, C), with grad
+    if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])  # PPO: values from the same pass
+    loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
+    if not (isinstance(loss, Tensor) and loss.requires_grad):
+        raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the "
+                           "log-probs passed to the loss function")
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {iteration}; "
+                                 "stopping before it reaches the weights")
+    if measure_kl and "kl/mean" not in metrics and mb.ref_logprobs is not None:  # a loss that does not measure the KL
+        kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
+        metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
+    return loss, metrics
+
+
+def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, loss_fn: Callable, algo: Mapping,
+                kl_fn: Callable | None, cfg: TrainingConfig, step_fn: Callable, first: bool,
+                fn: str) -> tuple[TrainingState, dict]:
+    "Steps 4 and 5: each micro-batch's loss, scaled by its share, back-propagated; then one optimizer step."
+    totals, loss_value = {}, 0.0
+    for idx, weight in chunks:
+        loss, metrics = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn, cfg, first,
+                                          state.iteration, fn)
+        (loss * weight).backward()
+        loss_value += weight * loss.item()
+        for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
+    grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)
+    metrics = {**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)}
+    return state._replace(global_step=state.global_step + 1), metrics
+
 # %% ../nbs/42_training.ipynb #d722dd59
 def training_step(
     state: TrainingState,  # model, optimizer, scheduler, ref_model, counters
@@ -258,79 +323,27 @@ def training_step(
     if not rollouts: raise ValueError(f"{fn}: `batch` is empty; expected at least one Rollout")
     if tokenizer is None:
         raise ValueError(f"{fn}: `tokenizer` is None; pass the policy's tokenizer (its pad/EOS ids collate the batch)")
-    model, step_fn, loss_fn = (state.model, optimizer_step_fn or default_optimizer_step,
-                               loss_fn or compute_loss_by_algorithm)
-    cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(model))  # 1.
+    step_fn, loss_fn = optimizer_step_fn or default_optimizer_step, loss_fn or compute_loss_by_algorithm
+    cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
     raw_rewards = cb.rewards
     cb = _transformed(cb, rollouts, reward_transform, fn)  # 2.
-    C, T = cb.completion_ids.shape[1], cfg.temperature
     # Dr. GRPO: the budget, not the longest row
     if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:
-        algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, C)}
+        algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
     spec = ALGORITHMS.get(algo.get("name"))
-    # PPO: the first time one runs (e.g. after GRPO)
-    if spec is not None and spec.value_head: state = add_value_head(state)
+    if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs
     head = state.value_head if spec is not None and spec.value_head else None
-    with torch.no_grad():  # 3.
-        if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
-            old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
-                                                      micro_batch_size=cfg.micro_batch_size, value_head=head)
-            cb = cb._replace(old_logprobs=old if cb.old_logprobs is None else cb.old_logprobs, old_values=values)
-        elif cb.old_logprobs is None and cfg.updates_per_batch > 1:
-            cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(
-                model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=cfg.micro_batch_size))
-        if cb.ref_logprobs is None and state.ref_model is not None:
-            cb = cb._replace(ref_logprobs=get_reference_logprobs(
-                state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T,
-                micro_batch_size=cfg.micro_batch_size))
-        if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
+    cb = _shared_quantities(state, cb, algo, spec, head, cfg)  # 3.
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
-    for update in range(cfg.updates_per_batch):  # 4.
-        totals, loss_value = {}, 0.0
-        for idx, weight in chunks:
-            mb = _select(cb, idx)
-            # (b, C), with grad
-            logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, C, temperature=T,
-                                                   value_head=head)
-            # PPO: values from the same pass
-            if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])
-            loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
-            if not (isinstance(loss, Tensor) and loss.requires_grad):
-                raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the "
-                                   "log-probs passed to the loss function")
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {state.iteration}; "
-                                         "stopping before it reaches the weights")
-            # a loss that does not measure the KL
-            if "kl/mean" not in metrics and mb.ref_logprobs is not None and update == 0:
-                kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
-                metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
-            (loss * weight).backward()
-            loss_value += weight * loss.item()
-            for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
-        grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)  # 5.
-        state = state._replace(global_step=state.global_step + 1)
-        per_update.append({**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)})
-    metrics = {k: sum(u.get(k, 0.0) for u in per_update) / len(per_update) for k in per_update[0]}
-    if cb.advantages is not None: metrics.update(_reward_metrics(raw_rewards, cb.rewards, cb.group_ids))
-    metrics.update({"lr": lr, "tokens/generated": float(cb.completion_mask.sum()), "algorithm": algo.get("name")})
-    stats = TrainingStats(loss=metrics["loss/total"], grad_norm=metrics["grad_norm"], learning_rate=lr,
-                          kl_divergence=metrics.get("kl/mean", 0.0), rewards_mean=metrics.get("reward/mean", 0.0),
-                          rewards_std=metrics.get("reward/std", 0.0), custom_metrics=metrics)
+    for update in range(cfg.updates_per_batch):  # 4. and 5.
+        state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, cfg, step_fn, update == 0, fn)
+        per_update.append(metrics)
+    stats = _step_stats(per_update, cb, raw_rewards, lr, algo)
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
 
 # %% ../nbs/42_training.ipynb #06b4e87b
-def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: int, fn: str = "training_iteration"):
-    "The reference after `ref_model_update_fn`: the model it returned (a module, or the kind it was given), or None."
-    out = update_reference_model(ref_model, policy, ref_model_update_fn, step=step)  # None: the same reference
-    if not (isinstance(out, torch.nn.Module) or type(out) is type(ref_model)):
-        raise TypeError(f"{fn}: `ref_model_update_fn` returned {reprlib.repr(out)} (a {type(out).__name__}); "
-                        "expected the reference model (updated in place or new) or None")
-    return out
-
-
 def _check_completions(batch: Batch, source: str) -> Batch:
     "A batch from `source` whose rollouts each have completion tokens: an empty one has nothing to train on."
     empty = [k for k, r in enumerate(batch.rollouts) if r.token_ids is not None and len(r.token_ids) == 0]
@@ -340,6 +353,32 @@ def _check_completions(batch: Batch, source: str) -> Batch:
     return batch
 
 
+def _hooked_batch(state: TrainingState, batch: Batch, iteration_hook: Callable | None) -> Batch:
+    "The batch after `iteration_hook` (its replacement, if it returns one); every rollout must have completion tokens."
+    _check_completions(batch, "rollout_fn")
+    if iteration_hook is None: return batch
+    out = iteration_hook(state, batch)
+    if out is not None and not isinstance(out, Batch):
+        raise TypeError(f"training_iteration: `iteration_hook` returned a {type(out).__name__}; "
+                        "expected None or a Batch")
+    return batch if out is None else _check_completions(out, "iteration_hook")
+
+# %% ../nbs/42_training.ipynb #20979153
+def _skipped_step(state: TrainingState) -> tuple[TrainingState, TrainingStats]:
+    "An iteration with nothing to train on (e.g. a filter dropped every group): no update, a record saying so."
+    stats = TrainingStats(0.0, 0.0, state.optimizer.param_groups[0]["lr"], 0.0, 0.0, 0.0, {"skipped": 1.0})
+    return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
+
+
+def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: int, fn: str = "training_iteration"):
+    "The reference after `ref_model_update_fn`: the model it returned (a module, or the kind it was given), or None."
+    out = update_reference_model(ref_model, policy, ref_model_update_fn, step=step)  # None: the same reference
+    if not (isinstance(out, torch.nn.Module) or type(out) is type(ref_model)):
+        raise TypeError(f"{fn}: `ref_model_update_fn` returned {reprlib.repr(out)} (a {type(out).__name__}); "
+                        "expected the reference model (updated in place or new) or None")
+    return out
+
+# %% ../nbs/42_training.ipynb #417bbd95
 def training_iteration(
     state: TrainingState,  # the run so far
     prompts: Sequence,  # this iteration's prompts: strings, TaskExamples or Conversations
@@ -360,17 +399,8 @@ def training_iteration(
     if not isinstance(batch, Batch):
         raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
     t_rollout = time.perf_counter() - t0
-    _check_completions(batch, "rollout_fn")
-    if iteration_hook is not None:
-        out = iteration_hook(state, batch)
-        if out is not None and not isinstance(out, Batch):
-            raise TypeError(f"training_iteration: `iteration_hook` returned a {type(out).__name__}; "
-                            "expected None or a Batch")
-        if out is not None: batch = _check_completions(out, "iteration_hook")
-    if len(batch) == 0:  # e.g. a filter dropped every group: nothing to learn from this time
-        lr = state.optimizer.param_groups[0]["lr"]
-        new_state, stats = state, TrainingStats(0.0, 0.0, lr, 0.0, 0.0, 0.0, {"skipped": 1.0})
-        new_state = new_state._replace(stats_history=tuple(state.stats_history) + (stats,))
+    batch = _hooked_batch(state, batch, iteration_hook)
+    if len(batch) == 0: new_state, stats = _skipped_step(state)  # e.g. a filter dropped every group
     else:
         new_state, stats = training_step(state, batch, algorithm_config, optimizer_step_fn, tokenizer, config, loss_fn,
                                          reward_transform, kl_fn)
@@ -432,21 +462,6 @@ def _output_paths(config: TrainingConfig, fn: str = "train") -> tuple[Path | Non
                          + (" (the run died before its first one: delete the folder and start again)"
                             if has_run else ""))
     return metrics, ckpt
-
-
-# not the model's name: a folder may move (the weights' shapes are checked when they load)
-_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r")
-
-
-def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, fn: str = "train") -> None:
-    "Resume continues the run the checkpoint holds: the settings that make it that run must be the same."
-    if not isinstance(saved, Mapping): return  # a checkpoint written without a config (by hand): nothing to compare
-    changed = [f"{k}: {saved[k]!r} there, {getattr(config, k)!r} here" for k in _RUN_IDENTITY
-               if k in saved and saved[k] != getattr(config, k)]
-    if changed:
-        raise ValueError(f"{fn}: resume=True, but {path} holds another run ({'; '.join(changed)}); resume with the "
-                         "run's own settings, or start a new run in another output_dir")
-
 
 # %% ../nbs/42_training.ipynb #6e7f9381
 def _build_policy(config: TrainingConfig, model, tokenizer):
@@ -513,7 +528,7 @@ def _checked_template_fn(template_fn: Callable | None, fn: str = "train") -> Cal
         return text
     return checked
 
-
+# %% ../nbs/42_training.ipynb #4245d56d
 def _checked_generations(out, max_new_tokens: int, fn: str = "train") -> list:
     "A generator's result: a list of Generations with 1 to `max_new_tokens` token ids (batch_generate checks the rest)."
     if out is None or isinstance(out, (str, bytes, Mapping, Generation)) or not hasattr(out, "__iter__"):
@@ -542,7 +557,7 @@ def _warn_text_mismatch(out: list, tokenizer, fn: str = "train") -> None:
                       f"its token ids decode to ({reprlib.repr(decoded[bad])}); the reward reads the text and the "
                       "gradient goes to the tokens, so they should match (checked on the first batch)", stacklevel=3)
 
-
+# %% ../nbs/42_training.ipynb #381ffd85
 def _checked_generator(generator: Callable | None, fn: str = "train") -> Callable | None:
     "`generator` with its result checked by `_checked_generations`; its text against its tokens on the first call."
     if generator is None: return None
@@ -556,22 +571,7 @@ def _checked_generator(generator: Callable | None, fn: str = "train") -> Callabl
         return out
     return checked
 
-
-def _first_algorithm(algo: Mapping | Callable, default_loss: bool, fn: str = "train") -> Mapping:
-    "The algorithm config of iteration 0 (it decides the run-level knobs): a dict with a 'name'."
-    first = algo(0) if callable(algo) else algo
-    if not isinstance(first, Mapping):
-        raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) or a function "
-                        f"iteration -> dict; got a {type(first).__name__}")
-    if "name" not in first:
-        raise ValueError(f"{fn}: `algorithm_config` has no 'name' ({reprlib.repr(dict(first))}); make it with "
-                         f"create_algorithm_config(name, ...), a name from {sorted(ALGORITHMS)}")
-    if default_loss and first["name"] not in ALGORITHMS:
-        raise ValueError(f"{fn}: `algorithm_config` names {first['name']!r}, not one of {sorted(ALGORITHMS)}; "
-                         "register it in ALGORITHMS, or pass your own `loss_fn`")
-    return first
-
-
+# %% ../nbs/42_training.ipynb #b570f067
 def _warn_unused_hooks(state: TrainingState, kl_fn: Callable | None, ref_model_update_fn: Callable | None,
                        fn: str = "train") -> None:
     "A warning for each hook the run will never call: without a reference model there is no KL and nothing to update."
@@ -612,7 +612,7 @@ def _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn:
     if not isinstance(progress, int) or progress not in (0, 1):
         raise TypeError(f"{fn}: `progress` must be True or False, got {progress!r}")
 
-
+# %% ../nbs/42_training.ipynb #e4c6b298
 def _checked_hooks(hooks: dict, logger, algorithm_config, fn: str) -> list:
     "Every hook a function of the documented signature; returns the loggers as a list."
     for name, hook in hooks.items():
@@ -640,6 +640,36 @@ def _check_combination(hooks: dict, model, tokenizer, initial_state, prompts, sy
         raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
 
 # %% ../nbs/42_training.ipynb #62611f00
+def _checked_arguments(config: TrainingConfig, hooks: dict, logger, algorithm_config, model, tokenizer, initial_state,
+                       prompts, system_prompt, progress, fn: str) -> list:
+    "Every argument of `train` checked, alone and against the others, before anything loads; returns the loggers."
+    loggers = _checked_hooks(hooks, logger, algorithm_config, fn)
+    given = dict(initial_state=initial_state is not None, model=model is not None,
+                 prompt_loader=hooks["prompt_loader"] is not None, prompts=prompts is not None,
+                 reward_fn=hooks["reward_fn"] is not None or hooks["rollout_fn"] is not None,
+                 eval_fn=hooks["eval_fn"] is not None, algorithm_config=algorithm_config is not None)
+    _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn)
+    _check_unused(config, given, fn)
+    warn_unsaved_checkpoints(config, hooks["checkpoint_fn"], fn)
+    _check_combination(hooks, model, tokenizer, initial_state, prompts, system_prompt, fn)
+    return loggers
+
+# %% ../nbs/42_training.ipynb #93d67908
+def _first_algorithm(algo: Mapping | Callable, default_loss: bool, fn: str = "train") -> Mapping:
+    "The algorithm config of iteration 0 (it decides the run-level knobs): a dict with a 'name'."
+    first = algo(0) if callable(algo) else algo
+    if not isinstance(first, Mapping):
+        raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) or a function "
+                        f"iteration -> dict; got a {type(first).__name__}")
+    if "name" not in first:
+        raise ValueError(f"{fn}: `algorithm_config` has no 'name' ({reprlib.repr(dict(first))}); make it with "
+                         f"create_algorithm_config(name, ...), a name from {sorted(ALGORITHMS)}")
+    if default_loss and first["name"] not in ALGORITHMS:
+        raise ValueError(f"{fn}: `algorithm_config` names {first['name']!r}, not one of {sorted(ALGORITHMS)}; "
+                         "register it in ALGORITHMS, or pass your own `loss_fn`")
+    return first
+
+
 def _algorithm(config: TrainingConfig, algorithm_config, loss_fn, fn: str) -> tuple:
     "(the algorithm config or schedule, its first config, its registry spec or None), checked against the config."
     beta = {} if config.beta is None else {"beta": config.beta}  # None: the algorithm's own default
@@ -656,6 +686,20 @@ def _algorithm(config: TrainingConfig, algorithm_config, loss_fn, fn: str) -> tu
         raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s "
                          "groups; use a multiple of group_size or None")
     return algo, first, spec
+
+# %% ../nbs/42_training.ipynb #1fbb211e
+# not the model's name: a folder may move (the weights' shapes are checked when they load)
+_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r")
+
+
+def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, fn: str = "train") -> None:
+    "Resume continues the run the checkpoint holds: the settings that make it that run must be the same."
+    if not isinstance(saved, Mapping): return  # a checkpoint written without a config (by hand): nothing to compare
+    changed = [f"{k}: {saved[k]!r} there, {getattr(config, k)!r} here" for k in _RUN_IDENTITY
+               if k in saved and saved[k] != getattr(config, k)]
+    if changed:
+        raise ValueError(f"{fn}: resume=True, but {path} holds another run ({'; '.join(changed)}); resume with the "
+                         "run's own settings, or start a new run in another output_dir")
 
 
 def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metrics_path: Path, prompts,
@@ -675,11 +719,38 @@ def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metr
           + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
     return state
 
+# %% ../nbs/42_training.ipynb #b68a8c0c
+def _run_task(config: TrainingConfig, hooks: dict, own_prompts: bool) -> Task | None:
+    "config.task's Task, unless prompts, rewards and evaluation all come from hooks (then it is not needed)."
+    own_rewards = hooks["reward_fn"] is not None or hooks["rollout_fn"] is not None
+    if own_prompts and own_rewards and hooks["eval_fn"] is not None: return None
+    return task_for_policy(config.task, config.model, config.task_format)
 
+
+def _first_state(config: TrainingConfig, initial_state: TrainingState | None, model, tokenizer,
+                 first: Mapping) -> tuple[TrainingState, Any]:
+    "(the run's first state, the config in its metadata; the tokenizer): `initial_state`, or built from `model`."
+    if initial_state is None:
+        policy, tokenizer = _build_policy(config, model, tokenizer)
+        reference = is_peft_model(policy) or first.get("beta", 0) > 0
+        initial_state = create_training_state(policy, config, reference=reference)
+    return initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config}), tokenizer
+
+# %% ../nbs/42_training.ipynb #63eef68a
+def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | None, task) -> tuple:
+    "(prompt_loader, the DataBuffer if `prompts` is one, where dynamic sampling draws more prompts): hooks, else task."
+    buffer = prompts if isinstance(prompts, DataBuffer) else None
+    own_prompts = prompts is not None or prompt_loader is not None
+    if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
+    elif prompt_loader is None:
+        prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step, config.seed)
+    source = (lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task  # refills
+    return prompt_loader, buffer, source
+
+# %% ../nbs/42_training.ipynb #dd6a7360
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
                       fn: str) -> Callable:
-    "The rollout function: the given one, or the default bound to the hooks; with the overlong penalty and dynamic "
-    "sampling when the algorithm or the config asks for them."
+    "The rollout function (yours, or the default bound to the hooks), with the overlong penalty and dynamic sampling."
     rollout_fn = hooks["rollout_fn"]
     run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
     if rollout_fn is None:
@@ -698,11 +769,10 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
                                                 run["max_sampling_rounds"], prompt_source=prompt_source)
     return rollout_fn
 
-
+# %% ../nbs/42_training.ipynb #d470d873
 def _wired_outputs(config: TrainingConfig, loggers: list, checkpoint_fn, metrics_path, ckpt_path, buffer,
                    progress: bool) -> tuple[list, Callable | None]:
-    "(loggers, checkpoint_fn) with the run's own: the JSONL metrics, progress lines, checkpoints (and the buffer's "
-    "position in them)."
+    "(loggers, checkpoint_fn) with the run's own added: JSONL metrics, progress lines, checkpoints (a buffer's place)."
     loggers = list(loggers)
     if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
     if progress: loggers.append(create_progress_logger(config.num_iterations))
@@ -711,6 +781,15 @@ def _wired_outputs(config: TrainingConfig, loggers: list, checkpoint_fn, metrics
         def checkpoint_fn(s, save=checkpoint_fn):
             return save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))
     return loggers, checkpoint_fn
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    "Run the block with `n` torch CPU threads; the previous number is put back after, however the block ends."
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(before)
 
 # %% ../nbs/42_training.ipynb #bf221e60
 def train(
@@ -749,47 +828,27 @@ def train(
                  template_fn=template_fn, tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform,
                  kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn, optimizer_step_fn=optimizer_step_fn,
                  eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
-    loggers = _checked_hooks(hooks, logger, algorithm_config, fn)
-    given = dict(initial_state=initial_state is not None, model=model is not None,
-                 prompt_loader=prompt_loader is not None, prompts=prompts is not None,
-                 reward_fn=reward_fn is not None or rollout_fn is not None, eval_fn=eval_fn is not None,
-                 algorithm_config=algorithm_config is not None)
-    _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn)
-    _check_unused(config, given, fn)
-    warn_unsaved_checkpoints(config, checkpoint_fn, fn)
-    _check_combination(hooks, model, tokenizer, initial_state, prompts, system_prompt, fn)
+    loggers = _checked_arguments(config, hooks, logger, algorithm_config, model, tokenizer, initial_state, prompts,
+                                 system_prompt, progress, fn)
     own_prompts = prompts is not None or prompt_loader is not None
-    own_task = not (own_prompts and given["reward_fn"] and given["eval_fn"])
-    task = task_for_policy(config.task, config.model, config.task_format) if own_task else None
+    task = _run_task(config, hooks, own_prompts)
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
-
         set_seed(config.seed)
-        if initial_state is None:
-            policy, tokenizer = _build_policy(config, model, tokenizer)
-            reference = is_peft_model(policy) or first.get("beta", 0) > 0
-            initial_state = create_training_state(policy, config, reference=reference)
-        state = initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config})
-        threads = torch.get_num_threads()
-        torch.set_num_threads(default_num_threads(state.model, config.num_threads))
-        if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
-        _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
-        buffer = prompts if isinstance(prompts, DataBuffer) else None
-        if buffer is not None: prompt_loader = lambda iteration: buffer.get_prompts(config.prompts_per_step)
-        elif prompt_loader is None:
-            prompt_loader = create_prompt_loader(task if prompts is None else prompts, config.prompts_per_step,
-                                                 config.seed)
-        source = (lambda n, seed: buffer.get_prompts(n)) if buffer else None if own_prompts else task  # refills
-        rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn)
-        if eval_fn is None and config.eval_every and not own_prompts:
-            eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
-        loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
-                                                progress)
-        try: return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
-                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
-                          stop_fn)
-        finally: torch.set_num_threads(threads)
+        state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
+        with _torch_threads(default_num_threads(state.model, config.num_threads)):
+            if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
+            _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
+            prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
+            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn)
+            if eval_fn is None and config.eval_every and not own_prompts:
+                eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
+            loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
+                                                    progress)
+            return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
+                         ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
+                         stop_fn)
 
 # %% ../nbs/42_training.ipynb #2317b0fd
 def _eval_stats(lr: float, metrics: Mapping[str, float]) -> TrainingStats:
@@ -808,7 +867,7 @@ def _next_prompts(prompt_loader: Callable, iteration: int, fn: str = "train") ->
         raise ValueError(f"{fn}: `prompt_loader` returned no prompts at iteration {iteration}; expected at least one")
     return prompts
 
-
+# %% ../nbs/42_training.ipynb #6810e2eb
 def _checked_stop(answer, fn: str = "train") -> bool:
     "`stop_fn`'s answer: True or False (a numpy or one-element torch bool too; None: no); anything else is refused."
     if answer is None: return False  # a function that only returns True when it stops
@@ -826,7 +885,7 @@ def _warn_skipped(iteration: int, stats: TrainingStats, iteration_hook: Callable
     warnings.warn(f"{fn}: iteration {iteration} had nothing to train on: {why}; it was skipped (said once: more "
                   "skipped iterations are counted at the end of the run)")
 
-
+# %% ../nbs/42_training.ipynb #224b880d
 def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
           ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
           stop_fn) -> TrainingState:

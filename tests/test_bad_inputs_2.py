@@ -225,7 +225,7 @@ def test_two_trainings_never_share_an_output_dir(tmp_path):
 
 def test_zero_loss_is_explained_once():
     lines = []
-    log = loggers.create_progress_logger(4, every_s=1e9, every_frac=0.25, print_fn=lines.append)
+    log = loggers.create_progress_logger(4, every_s=1e9, every_frac=0.25, log_fn=lines.append)
     for it in range(1, 5):
         log(TrainingState(it, it, None, None), core.TrainingStats(0.0, 1, 1e-4, 0.0, 0.3, 0.1,
             {"reward/mean": 0.3, "loss/policy": 0.0, "time/step_s": 0.5}))

@@ -171,7 +171,7 @@ def test_jsonl_logger_closes_a_torn_tail_and_load_metrics_skips_torn_lines(tmp_p
 
 def test_progress_logger_prints_first_every_tenth_and_last():
     lines = []
-    log = create_progress_logger(50, every_s=1e9, print_fn=lines.append)
+    log = create_progress_logger(50, every_s=1e9, log_fn=lines.append)
     log(TrainingState(0, 0, None, None), TrainingStats(*[float("nan")] * 6, {"eval/accuracy": 0.25}))
     for it in range(1, 51):
         log(TrainingState(it, it, None, None), TrainingStats(-0.01, 1, 1e-4, 0.001, 0.3, 0.1,
