@@ -112,7 +112,8 @@ def score_rollouts(
     ref_model=None,  # the reference; None = do not compute `ref_logprobs`
     temperature: float = 1.0,  # the sampling temperature (log-probs are of softmax(logits / temperature))
     micro_batch_size: int | None = None,  # sequences per forward pass; None = all at once
-    ref_logprob_fn: Callable | None = None,  # custom reference scorer, same signature as `get_reference_logprobs`
+    # (model, input_ids, attention_mask, completion_length, temperature=, micro_batch_size=) -> (B, C), for both models
+    logprob_extractor: Callable | None = None,
     kl_fn: Callable | None = None,  # per-token KL estimator (logprobs, ref_logprobs) -> (B, C); None = k3
 ) -> list[Rollout]:
     "Attach old-policy `logprobs` (and `ref_logprobs`, per-token and total KL) to rollouts: one batched pass per model."
@@ -125,12 +126,12 @@ def score_rollouts(
                  device=model_device(anchor))
     C = cb.completion_ids.shape[1]
     with torch.no_grad():
-        old = None if model is None else compute_logprobs_for_tokens(
+        old = None if model is None else (logprob_extractor or compute_logprobs_for_tokens)(
             model, cb.input_ids, cb.attention_mask, C,
             temperature=temperature, micro_batch_size=micro_batch_size).float()  # (B, C)
-        ref = None if ref_model is None else (ref_logprob_fn or get_reference_logprobs)(
-            ref_model, cb.input_ids, cb.attention_mask, C,
-            temperature=temperature, micro_batch_size=micro_batch_size).float()  # (B, C)
+        ref = None if ref_model is None else get_reference_logprobs(
+            ref_model, cb.input_ids, cb.attention_mask, C, temperature=temperature,
+            logprob_extractor=logprob_extractor, micro_batch_size=micro_batch_size).float()  # (B, C)
         kl = (None if old is None or ref is None
               else compute_per_token_kl(old, ref, kl_fn=kl_fn, mask=cb.loss_mask))  # (B, C)
     cols = {"logprobs": old, "ref_logprobs": ref, "per_token_kl": kl}
