@@ -95,8 +95,10 @@ def _given_params(args: argparse.Namespace, several: bool) -> dict:
     if args.parameters_yaml: params.update(yaml_params(args.parameters_yaml, "-y"))
     return {**params, **parse_params(args.param, several=several)}
 
-
-def _say(line: str) -> None: print(line, flush=True)
+# %% ../nbs/61_cli.ipynb #58ab3f6b
+def _say(line: str) -> None:
+    "Print a progress line now, not when the buffer fills."
+    print(line, flush=True)
 
 
 def main(

@@ -37,6 +37,7 @@ def count_letters(
 
 # %% ../nbs/52_environments.ipynb #4ca6f0ae
 def _callable(value, arg: str, fn: str, expected: str):
+    "`value` if it is None or a function, else a TypeError naming the argument and what it should be."
     if value is not None and not callable(value):
         raise TypeError(f"{fn}: `{arg}` must be a function {expected}, got {type(value).__name__}")
     return value
@@ -49,11 +50,14 @@ def _number(value, fn: str, arg: str) -> float:
         raise ValueError(f"{fn}: `{arg}` returned {value!r}; expected a bool or a finite number")
     return float(value)
 
-
-def _score(check: Callable, text: str, answer, fn: str) -> float: return _number(check(text, answer), fn, "check")
+# %% ../nbs/52_environments.ipynb #7ec1ea2a
+def _score(check: Callable, text: str, answer, fn: str) -> float:
+    "`check(text, answer)` as a float, or an error naming `fn`."
+    return _number(check(text, answer), fn, "check")
 
 
 def _need_answer(answer, fn: str):
+    "The episode's reference answer; an error naming `fn` if it has none."
     if answer is None:
         raise ValueError(f"{fn}: the episode has no reference answer; pass prompts with `.answer` (e.g. "
                          "task.sample) or `answers=` to create_multiturn_rollout")

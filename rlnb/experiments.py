@@ -53,7 +53,7 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError): return None
     return value if isinstance(value, dict) else None
 
-
+# %% ../nbs/60_experiments.ipynb #0b5a313a
 def _is_file_name(name) -> bool:
     "Whether `name` is a plain file name: a str naming a file in a folder, not a path elsewhere ('/etc/x', '../x')."
     return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
@@ -124,7 +124,7 @@ def _check_sweep_size(fn: str, settings: int, seeds) -> None:
                          f"{per_setting:,} seed{'s' * (per_setting > 1)}), more than "
                          f"MAX_SWEEP_RUNS={MAX_SWEEP_RUNS:,}; sweep fewer values")
 
-
+# %% ../nbs/60_experiments.ipynb #b733052b
 def _seed_list(fn: str, seeds, grid_has_seed: bool, default_seed: int | None) -> list:
     "The seeds of each setting; [None] means: none added (the grid's own, or the notebook's default)."
     if seeds is None: return [None] if grid_has_seed or default_seed is None else [default_seed]
@@ -137,7 +137,7 @@ def _seed_list(fn: str, seeds, grid_has_seed: bool, default_seed: int | None) ->
         raise ValueError(f"{fn}: `seeds` must be a count >= 1 or a non-empty list of int seeds, got {seeds!r}")
     return list(seeds)
 
-
+# %% ../nbs/60_experiments.ipynb #427d2c66
 def expand_grid(
     grid: Mapping | Sequence[Mapping],  # {name: [values]} (lists swept, other values fixed) or [{name: value}, ...]
     seeds: int | Sequence[int] | None = None,  # per setting: a count n (seeds 0..n-1) or a list; None: see default_seed
@@ -178,7 +178,7 @@ def _environ(env: Mapping[str, str]):
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
 
-
+# %% ../nbs/60_experiments.ipynb #093db0d6
 def _notebook_seed(notebook: Path) -> int | None:
     "The default `seed` of a papermill notebook's parameters cell, or None if it has none (or not an int literal)."
     import papermill as pm
@@ -195,7 +195,7 @@ def _default_root(notebook: Path) -> Path:
     "Where a notebook's runs go unless told otherwise: runs/<notebook's name>/ (as `rlnb run` and `rlnb sweep` do)."
     return Path("runs", Path(notebook).stem)
 
-
+# %% ../nbs/60_experiments.ipynb #4d291d6a
 def _check_request(where: str, notebook: Path, params: dict, check_params) -> None:
     "Everything that can be checked before a kernel starts; errors start with `where`."
     if not notebook.is_file(): raise FileNotFoundError(f"{where}: `notebook` {str(notebook)!r} does not exist")
@@ -218,7 +218,7 @@ def _check_same_params(fn: str, out: Path, previous: dict, params: dict) -> None
         raise ValueError(f"{fn}: {str(out)!r} holds a completed run with other parameters "
                          f"({previous.get('params')}, not {params}); use another output folder, or delete that one")
 
-
+# %% ../nbs/60_experiments.ipynb #f67ab491
 def _folder_holder(out: Path, lock_files: tuple = (RUN_LOCK_FILE, LOCK_FILE)) -> dict | None:
     "Who is writing a run folder now (its notebook's driver, or `train` in its kernel), or None."
     for lock_file in lock_files:
@@ -232,13 +232,7 @@ def _check_not_in_use(fn: str, out: Path, lock_files: tuple = (RUN_LOCK_FILE, LO
     holder = _folder_holder(out, lock_files)
     if holder is not None: raise FolderInUseError(out, holder)
 
-
-def _run_files(out: Path) -> list[Path]:
-    "The files of a run folder's current attempt: everything but its locks and its kept attempts."
-    if not out.is_dir(): return []
-    return sorted(p for p in out.iterdir() if p.name not in (LOCK_FILE, RUN_LOCK_FILE, ATTEMPTS_DIR))
-
-
+# %% ../nbs/60_experiments.ipynb #f7e6e3c4
 def _check_not_a_file(fn: str, name: str, path: Path) -> None:
     "A folder to write in: refused with a ValueError naming `name` if it, or a folder above it, is an existing file."
     blocking = next((p for p in (path, *path.parents) if p.exists()), None)
@@ -255,6 +249,12 @@ def _check_folder(fn: str, out: Path, previous: dict | None) -> None:
         raise ValueError(f"{fn}: {str(out)!r} holds files but no {STATUS_FILE}, so it is not a run folder; "
                          "choose a new or empty folder")
 
+# %% ../nbs/60_experiments.ipynb #9b4f4566
+def _run_files(out: Path) -> list[Path]:
+    "The files of a run folder's current attempt: everything but its locks and its kept attempts."
+    if not out.is_dir(): return []
+    return sorted(p for p in out.iterdir() if p.name not in (LOCK_FILE, RUN_LOCK_FILE, ATTEMPTS_DIR))
+
 
 def _set_aside(out: Path, attempt: int) -> Path | None:
     "Move a failed or interrupted attempt's files into attempts/<attempt>/: kept, and out of the next attempt's way."
@@ -268,7 +268,7 @@ def _set_aside(out: Path, attempt: int) -> Path | None:
     for old in kept[:-MAX_KEPT_ATTEMPTS]: shutil.rmtree(old, ignore_errors=True)  # failed attempts only: disk is finite
     return dest
 
-
+# %% ../nbs/60_experiments.ipynb #1429ffcf
 def _incomplete(out: Path, status: dict) -> str | None:
     "Why a run marked completed is not (its notebook missing, its summary's final step not in its metrics), or None."
     if not (out / status.get("notebook", "run.ipynb")).is_file(): return "its executed notebook is missing"
@@ -291,7 +291,7 @@ def _finished(fn: str, out: Path, params: dict) -> RunResult | None:
     _check_same_params(fn, out, previous, params)
     return _result(out, previous, skipped=True)
 
-
+# %% ../nbs/60_experiments.ipynb #068f5326
 def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
     "The RunResult that a run folder's status describes."
     seconds = status.get("seconds")
@@ -303,7 +303,9 @@ def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
 _KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Address already in use")  # nothing ran yet
 
 
-def _error_text(error: BaseException) -> str:
+def _error_text(
+    error: BaseException,  # what papermill (or the run's own process) raised
+) -> str:
     "One line: the notebook's exception as papermill reports it (name: message), else the Python exception."
     if getattr(error, "ename", None): return f"{error.ename}: {error.evalue}"
     return f"{type(error).__name__}: {error}"
@@ -376,7 +378,7 @@ def _call_in_child(conn, parent_pid: int, fn: Callable, args: tuple) -> None:
         conn.send((False, RuntimeError(f"the run's result could not be sent back: {_error_text(e)}")))
     conn.close()
 
-
+# %% ../nbs/60_experiments.ipynb #ec362bc1
 class ProcessPerRun(Executor):
     "Each call in a fresh process of its own (spawned), `workers` at a time; a process that dies fails only its call."
     def __init__(self, workers: int = 1):
@@ -386,6 +388,7 @@ class ProcessPerRun(Executor):
         self._running, self._futures, self._closing = set(), [], False
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
+        "Run `fn(*args)` in a process of its own once a slot is free; its Future. Positional arguments only."
         if kwargs: raise TypeError("ProcessPerRun.submit takes positional arguments only")
         future = Future()
         self._futures.append(future)
@@ -405,7 +408,9 @@ class ProcessPerRun(Executor):
         "fn(*args) in a spawned process: (True, its result) or (False, the exception)."
         ctx = multiprocessing.get_context("spawn")
         receive, send = ctx.Pipe(duplex=False)
-        from rlnb.experiments import _call_in_child as child  # the library's: a notebook's own is not picklable
+        # a spawned process finds its target by module and name: this module's function (a private name imported
+        # on purpose, the only one), since a function defined in a notebook cannot be found by a new process
+        from rlnb.experiments import _call_in_child as child
         proc = ctx.Process(target=child, args=(send, os.getpid(), fn, args))
         proc.start()
         send.close()
@@ -443,8 +448,13 @@ def _varying(plan: Mapping[str, Mapping]) -> list[str] | None:
     return differ or None
 
 
-def progress_line(done: int, total: int, result: RunResult, keys: Sequence[str] | None = None) -> str:
-    "`[3/8] learning_rate=0.001 seed=1 ok 14 s  reward 0.21->0.33  acc 0.34->0.59`: the run's `keys` (None: its name)."
+def progress_line(
+    done: int,  # runs finished so far, this one included
+    total: int,  # runs in the sweep
+    result: RunResult,  # the run that just finished, or was skipped
+    keys: Sequence[str] | None = None,  # the parameters that tell the runs apart (None: the run's name)
+) -> str:
+    "`[3/8] learning_rate=0.001 seed=1 ok 14 s  reward 0.21->0.33  acc 0.34->0.59`: one line per finished run."
     who = result.run_id.replace(",", " ")
     if keys: who = " ".join(f"{k}={_value_text(result.params.get(k))}" for k in keys)
     head, seconds = f"[{done}/{total}] {who}", result.seconds
@@ -460,7 +470,7 @@ def progress_line(done: int, total: int, result: RunResult, keys: Sequence[str] 
             line += f"  {name} {start:.2f}->{final:.2f}"
     return line
 
-
+# %% ../nbs/60_experiments.ipynb #fa3e6137
 def _default_executor(workers: int | None, runs: int) -> Executor:
     "A fresh process per run, one run per core (or `workers`) at a time."
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -479,7 +489,7 @@ def _run_env(threads_per_run: int | None) -> dict[str, str]:
     if os.environ.get("RLNB_CACHE"): env["RLNB_CACHE"] = str(Path(os.environ["RLNB_CACHE"]).expanduser().resolve())
     return env
 
-
+# %% ../nbs/60_experiments.ipynb #12f9e6c2
 def _record_lost(out: Path, params: dict, error: BaseException) -> RunResult:
     "A run whose process (not its notebook) failed: recorded as failed, so that the next sweep retries it."
     out.mkdir(parents=True, exist_ok=True)
@@ -489,6 +499,23 @@ def _record_lost(out: Path, params: dict, error: BaseException) -> RunResult:
     return _result(out, status)
 
 # %% ../nbs/60_experiments.ipynb #0518f602
+def _sort_plan(fn: str, notebook: Path, plan: dict, root: Path, check_params) -> tuple[dict, dict]:
+    "Every run checked before the first kernel starts: ({run_id: RunResult} done or in use, {run_id: params} to run)."
+    results, todo = {}, {}
+    for run_id, params in plan.items():
+        _check_request(f"{fn}: run {run_id}", notebook, params, check_params)
+        out = root / run_id
+        holder = _folder_holder(out)
+        if holder is not None:  # a live process writes there (e.g. a sweep started elsewhere): leave it alone
+            in_use = str(FolderInUseError(out, holder))
+            results[run_id] = _result(out, {"status": "running", "params": params, "error": in_use}, skipped=True)
+        elif (done := _finished(fn, out, params)) is not None: results[run_id] = done
+        else:
+            _check_folder(f"{fn}: run {run_id}", out, _read_status(out))
+            todo[run_id] = params
+    return results, todo
+
+# %% ../nbs/60_experiments.ipynb #d8aa9389
 def run_sweep(
     notebook: str | Path,  # the papermill notebook every run executes
     grid: Mapping | Sequence[Mapping],  # {name: [values]} (lists swept, other values fixed) or [{name: value}, ...]
@@ -513,18 +540,7 @@ def run_sweep(
     env, cwd = _run_env(threads_per_run), os.getcwd()
     root = Path(_default_root(notebook) if output_root is None else output_root).resolve()
     _check_not_a_file(fn, "output_root", root)
-    results, todo = {}, {}
-    for run_id, params in plan.items():  # every check before the first kernel starts
-        _check_request(f"{fn}: run {run_id}", notebook, params, check_params)
-        out = root / run_id
-        holder = _folder_holder(out)
-        if holder is not None:  # a live process writes there (e.g. a sweep started elsewhere): leave it alone
-            in_use = str(FolderInUseError(out, holder))
-            results[run_id] = _result(out, {"status": "running", "params": params, "error": in_use}, skipped=True)
-        elif (done := _finished(fn, out, params)) is not None: results[run_id] = done
-        else:
-            _check_folder(f"{fn}: run {run_id}", out, _read_status(out))
-            todo[run_id] = params
+    results, todo = _sort_plan(fn, notebook, plan, root, check_params)
     say = log_fn or (lambda line: None)
     shown = _varying(plan)  # what tells the runs apart, in the progress lines
     for k, result in enumerate(results.values(), 1): say(progress_line(k, len(plan), result, shown))
@@ -555,12 +571,7 @@ class Sweep(NamedTuple):
     metrics: "pd.DataFrame"  # a row per logged record: run_id, the run's parameters, then the metrics.jsonl columns
     params: list  # the names of the parameter columns (seed included)
 
-
-def _matches(params: Mapping, where: Mapping) -> bool:
-    "Whether a run's parameters have every value `where` asks for (a list: any of its values)."
-    return all(k in params and params[k] in (v if isinstance(v, (list, tuple)) else [v]) for k, v in where.items())
-
-
+# %% ../nbs/60_experiments.ipynb #31e20b03
 def _cell(value):
     "A parameter as a table cell: lists and dicts as JSON text, so that runs can be grouped by them."
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
@@ -573,6 +584,11 @@ def _run_row(folder: Path, status: dict) -> dict:
     for k, v in (_read_json(folder / "summary.json") or {}).items():
         if k not in row and k != "error" and not isinstance(v, (dict, list)): row[k] = v
     return {**row, "error": status.get("error")}
+
+# %% ../nbs/60_experiments.ipynb #87c2dbae
+def _matches(params: Mapping, where: Mapping) -> bool:
+    "Whether a run's parameters have every value `where` asks for (a list: any of its values)."
+    return all(k in params and params[k] in (v if isinstance(v, (list, tuple)) else [v]) for k, v in where.items())
 
 # %% ../nbs/60_experiments.ipynb #51df7d78
 def load_sweep(
@@ -589,7 +605,8 @@ def load_sweep(
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         try: status = _read_status(folder)
         except ValueError as e:
-            warnings.warn(f"load_sweep: skipped {folder.name}: {e}"); continue
+            warnings.warn(f"load_sweep: skipped {folder.name}: {e}")
+            continue
         if status is None or not _matches(status.get("params", {}), where or {}): continue  # not a run, or not asked
         reason = _incomplete(folder, status) if status["status"] == "completed" else None
         if reason: status = {**status, "status": "incomplete", "error": f"marked completed, but {reason}"}
@@ -606,7 +623,8 @@ def load_sweep(
         if not path.is_file(): continue
         try: logged = load_metrics(path)
         except ValueError as e:
-            warnings.warn(f"load_sweep: skipped the metrics of {run['run_id']}: {e}"); continue
+            warnings.warn(f"load_sweep: skipped the metrics of {run['run_id']}: {e}")
+            continue
         head = pd.DataFrame({"run_id": run["run_id"], **{k: run[k] for k in names}}, index=logged.index)
         frames.append(pd.concat([head, logged.drop(columns=[c for c in head.columns if c in logged.columns])], axis=1))
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run_id", *names])
@@ -626,14 +644,14 @@ def _sweep_groups(runs, by: list) -> list[tuple[str, list, object]]:
     keys = [key if isinstance(key, tuple) else (key,) for key, _ in grouped]
     return [(_label(by, key), list(g["run_id"]), key[0]) for key, (_, g) in zip(keys, grouped)]
 
-
+# %% ../nbs/60_experiments.ipynb #e5883e38
 def _run_curve(metrics, run_id: str, metric: str, smooth: int):
     "One run's `metric` by step: a dense series smoothed by a rolling mean, a sparse one (evaluations) as logged."
     rows = metrics.loc[(metrics["run_id"] == run_id) & metrics[metric].notna(), ["step", metric]]
     curve = rows.drop_duplicates("step", keep="last").set_index("step")[metric].sort_index()
     return curve.rolling(smooth, min_periods=1).mean() if smooth > 1 and len(curve) >= 3 * smooth else curve
 
-
+# %% ../nbs/60_experiments.ipynb #2ecc68e9
 def _plot_finals(ax, finals: dict, groups: list, by: list) -> None:
     "Each metric's final value per group: mean ± std over seeds as an error bar, a faint dot per run."
     import numpy as np
@@ -652,7 +670,8 @@ def _plot_finals(ax, finals: dict, groups: list, by: list) -> None:
                   rotation=20 * (not numeric and len(groups) > 3))
     ax.minorticks_off()
     ax.set(title="final value by " + (", ".join(by) or "run"), xlabel=by[0] if numeric else "", ylabel="final value")
-    ax.grid(alpha=0.3); ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 # %% ../nbs/60_experiments.ipynb #d74a9e8e
 def plot_sweep(
@@ -692,7 +711,8 @@ def plot_sweep(
                     marker="o" if len(mean) < 15 else None)
             if len(curves) > 1: ax.fill_between(mean.index, mean - std, mean + std, color=f"C{i}", alpha=0.2, lw=0)
         ax.set(title=METRIC_LABELS.get(c, c), xlabel="optimizer step", ylabel=c)
-        ax.grid(alpha=0.3); ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     if final: _plot_finals(axes[0][-1], finals, groups, by)
     fig.suptitle(title or f"{len(done)} runs by {', '.join(by) or 'run'}: mean ± std over seeds")
     fig.tight_layout()

@@ -1,4 +1,4 @@
-"""Episodes of several turns with tools and environments: one batched generation per turn, one token stream per episode, a loss mask on what the policy wrote.
+"""Episodes of several turns with tools: one batched generation per turn, one token stream each, a loss mask.
 
 Docs: https://rlnb.github.io/rlnb/multiturn.html.md"""
 
@@ -7,6 +7,7 @@ Docs: https://rlnb.github.io/rlnb/multiturn.html.md"""
 # %% ../nbs/51_multiturn.ipynb #0e834bfe
 from __future__ import annotations
 import inspect, json, math, re, time
+from dataclasses import dataclass, field
 
 import torch
 from typing import Any, Callable, NamedTuple, Sequence
@@ -30,6 +31,22 @@ _XML_TOOL_RE = re.compile(r"<tool(?=[\s>/])([^>]{0,1000})>(.*?)(</tool>|\Z)", re
 _XML_NAME_RE = re.compile(r"""^\s*name\s*=\s*(?:"([^"]*)"|'([^']*)')\s*$""")
 
 
+def _xml_tool_call(match: re.Match, max_chars: int, max_depth: int) -> dict:
+    "One `<tool ...>...</tool>` block -> its call dict, or an error dict saying what is wrong with it."
+    attrs, body, closed, raw = match.group(1), match.group(2).strip(), match.group(3), match.group(0)
+    named = _XML_NAME_RE.match(attrs)
+    if not closed: return tool_error(raw, "unclosed <tool> block (expected </tool>)", max_chars)
+    if not named or not (named.group(1) or named.group(2)):
+        return tool_error(raw, 'expected <tool name="...">arguments</tool>', max_chars)
+    if len(body) > max_chars: return tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)
+    args = body  # one string argument
+    if body.startswith("{"):  # a JSON object: keyword arguments
+        try: args = loads_model_json(body, max_depth)
+        except ValueError as e: return tool_error(raw, f"invalid JSON arguments: {e}", max_chars)
+        if not isinstance(args, dict): return tool_error(raw, "JSON arguments must be an object", max_chars)
+    return {"name": named.group(1) or named.group(2), "arguments": args, "raw": raw}
+
+
 def parse_tool_calls(
     text: str,  # completion text
     max_chars: int = 10_000,  # longer calls are rejected without parsing
@@ -37,24 +54,7 @@ def parse_tool_calls(
 ) -> list[dict]:
     "XML-style calls `<tool name=\"calculator\">12*34</tool>` as dicts: name, arguments, raw (`error` if malformed)."
     if not isinstance(text, str): raise TypeError(f"parse_tool_calls: `text` must be a str, got {type(text).__name__}")
-    calls = []
-    for match in _XML_TOOL_RE.finditer(text):
-        attrs, body, closed = match.group(1), match.group(2).strip(), match.group(3)
-        raw = match.group(0)
-        named = _XML_NAME_RE.match(attrs)
-        if not closed: calls.append(tool_error(raw, "unclosed <tool> block (expected </tool>)", max_chars)); continue
-        if not named or not (named.group(1) or named.group(2)):
-            calls.append(tool_error(raw, 'expected <tool name="...">arguments</tool>', max_chars)); continue
-        if len(body) > max_chars:
-            calls.append(tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)); continue
-        args = body
-        if body.startswith("{"):  # a JSON object: keyword arguments
-            try: args = loads_model_json(body, max_depth)
-            except ValueError as e: calls.append(tool_error(raw, f"invalid JSON arguments: {e}", max_chars)); continue
-            if not isinstance(args, dict):
-                calls.append(tool_error(raw, "JSON arguments must be an object", max_chars)); continue
-        calls.append({"name": named.group(1) or named.group(2), "arguments": args, "raw": raw})
-    return calls
+    return [_xml_tool_call(match, max_chars, max_depth) for match in _XML_TOOL_RE.finditer(text)]
 
 # %% ../nbs/51_multiturn.ipynb #11a7391d
 _FUNCTION_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")  # Mistral, Llama 3.1
@@ -153,8 +153,9 @@ def _own_column(name: str, tool_names: Sequence[str] | None, seen: list) -> bool
     "Whether calls to `name` get metric columns of their own: a tool on offer, or (none given) one of the first names."
     if tool_names is not None: return name in tool_names
     if name in seen: return True
-    if len(seen) < MAX_TOOL_COLUMNS and _TOOL_NAME.fullmatch(name): seen.append(name); return True
-    return False
+    if len(seen) >= MAX_TOOL_COLUMNS or not _TOOL_NAME.fullmatch(name): return False
+    seen.append(name)  # a column of its own from now on
+    return True
 
 
 def track_tool_calls(
@@ -175,7 +176,8 @@ def track_tool_calls(
             if call.get("name") and not _own_column(name, tool_names, seen): name = "<other>"  # not a column each
             failed = bool(result.get("error") or call.get("error"))
             for key, v in (("calls", 1), ("errors", failed), ("time_s", result.get("time_s", 0.0))):
-                add(f"tools/{key}", v); add(f"tools/{name}/{key}", v)
+                add(f"tools/{key}", v)
+                add(f"tools/{name}/{key}", v)
             for key, v in (tool_tracker(call, result) if tool_tracker is not None else {}).items():
                 add(f"tools/{key}", v)
     calls = totals.get("tools/calls", 0.0)
@@ -247,7 +249,7 @@ def _context_limit(model, tokenizer) -> int:
     limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**8]
     return min(limits) if limits else 10**8
 
-
+# %% ../nbs/51_multiturn.ipynb #801a9f50
 def _checked_step(env: Environment, out, where: str) -> EnvStep:
     "An environment's answer, checked: an EnvStep with Messages and a finite reward."
     where = f"create_multiturn_rollout: env {env.name!r} step ({where})"
@@ -260,20 +262,63 @@ def _checked_step(env: Environment, out, where: str) -> EnvStep:
         raise ValueError(f"{where} returned reward {out.reward!r}; expected a finite number")
     return out
 
+# %% ../nbs/51_multiturn.ipynb #9dad2f47
+@dataclass
+class _Episode:
+    "One conversation's working record while the batch advances turn by turn; its three streams grow together."
+    prompt_index: int  # which prompt (the episode's group)
+    sample_index: int  # which of the prompt's episodes
+    conversation: Conversation  # the chat so far; assistant messages carry their parsed tool calls
+    text: str  # the chat as rendered up to the current assistant turn's header
+    state: Any  # the environment's state, handed to its next `step`
+    ids: list = field(default_factory=list)  # (T,) completion token ids: sampled and inserted
+    mask: list = field(default_factory=list)  # (T,) loss mask: 1 on sampled tokens, 0 on inserted ones
+    logprobs: list | None = field(default_factory=list)  # (T,) sampling log-probs; None once a turn came without
+    pending: list = field(default_factory=list)  # ids inserted since the last turn (not yet in the KV cache)
+    turns: list = field(default_factory=list)  # a dict per assistant turn: finish reason, tokens, calls, reward, info
+    calls: list = field(default_factory=list)  # every tool call of the episode, in order
+    results: list = field(default_factory=list)  # their results
+    env_reward: float = 0.0  # the sum of the environment's step rewards
+    finish: str | None = None  # "stop", "length" or "max_turns" once it ended; None while it runs
+    last: str = ""  # the latest assistant turn's text
+
+    def add_sampled(self, ids: list, logprobs, text: str) -> None:
+        "The assistant's turn: its sampled ids (mask 1) and their log-probs on the streams, its text on the chat."
+        self.ids += ids
+        self.mask += [1] * len(ids)
+        has_logprobs = logprobs is not None and self.logprobs is not None
+        self.logprobs = self.logprobs + list(logprobs[:len(ids)]) if has_logprobs else None
+        self.last = text
+        self.conversation = self.conversation.add_message(Message("assistant", text))
+
+    def add_inserted(self, ids: list) -> None:
+        "Tokens the policy did not sample (template, tool output, a user's words): mask 0, never trained."
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.pending = ids
+        if self.logprobs is not None: self.logprobs += [0.0] * len(ids)  # placeholders, masked out of the loss
+
+    def add_step(self, step: EnvStep, finish_reason: str, tokens: int) -> None:
+        "What the environment did after the turn: calls and results, reward, state, and the turn's record."
+        info = dict(step.info or {})
+        calls, results = tuple(info.pop("tool_calls", ())), tuple(info.pop("tool_results", ()))
+        if calls:  # the parsed calls go on the assistant's message
+            *before, message = self.conversation.messages
+            self.conversation = self.conversation._replace(messages=(*before, message._replace(tool_calls=calls)))
+        self.calls += calls
+        self.results += results
+        self.env_reward += float(step.reward)
+        self.state = step.state
+        self.turns.append({**info, "finish_reason": finish_reason, "tokens": tokens, "tool_calls": len(calls),
+                           "reward": float(step.reward)})
+
+# %% ../nbs/51_multiturn.ipynb #54abff36
+_MARK = "\ue000{}\ue001"  # private-use characters standing for message k's content while the template renders
+
 
 def _plain(conversation: Conversation) -> Conversation:
     "The conversation as the template should render it: assistant turns as sampled, parsed calls not re-rendered."
     return conversation._replace(messages=tuple(m._replace(tool_calls=None) for m in conversation.messages))
-
-
-def _episode(prompt_index: int, sample_index: int, conversation: Conversation, text: str, state) -> dict:
-    "One conversation's working record while the batch advances turn by turn."
-    return {"p": prompt_index, "k": sample_index, "conv": conversation, "text": text, "state": state,
-            "ids": [], "mask": [], "lps": [], "turns": [], "calls": [], "results": [],
-            "env_reward": 0.0, "finish": None, "last": ""}
-
-# %% ../nbs/51_multiturn.ipynb #54abff36
-_MARK = "\ue000{}\ue001"  # private-use characters standing for message k's content while the template renders
 
 
 def _tokenize_inserted(tokenizer, render: Callable, conv: Conversation, messages: Sequence, prefix: str,
@@ -290,48 +335,48 @@ def _tokenize_inserted(tokenizer, render: Callable, conv: Conversation, messages
         return ids(text, False)
     return [t for i, p in enumerate(pieces) for t in (ids(p, False) if i % 2 == 0 else ids(contents[i // 2], True))]
 
-
-def _close_turn(e: dict, step: EnvStep, render: Callable, tokenizer, eos_ids: set, room: int) -> bool:
+# %% ../nbs/51_multiturn.ipynb #6ce154fd
+def _close_turn(e: _Episode, step: EnvStep, render: Callable, tokenizer, eos_ids: set, room: int) -> bool:
     "Append the template tokens closing the assistant's turn, the environment's messages and the next assistant header."
-    conv = e["conv"]
+    conv = e.conversation
     for m in step.messages: conv = conv.add_message(m)
     new_text = render(_plain(conv))
-    prefix = e["text"] + e["last"]
+    prefix = e.text + e.last
     if not new_text.startswith(prefix):
         raise ValueError("create_multiturn_rollout: the chat template does not render the conversation as a growing "
                          "prefix (the assistant's text changed when re-rendered); pass a `template_fn` that does")
     delta = _tokenize_inserted(tokenizer, render, conv, step.messages, prefix, new_text[len(prefix):])
-    if e["ids"] and e["ids"][-1] in eos_ids and delta and delta[0] == e["ids"][-1]:
+    if e.ids and e.ids[-1] in eos_ids and delta and delta[0] == e.ids[-1]:
         delta = delta[1:]  # the EOS the model sampled
     if len(delta) >= room: return False  # no room left for the model to answer
-    e["ids"] += delta; e["mask"] += [0] * len(delta); e["pending"] = delta
-    if e["lps"] is not None: e["lps"] += [0.0] * len(delta)  # not sampled: never trained (mask 0)
-    e["conv"], e["text"] = conv, new_text
+    e.add_inserted(delta)
+    e.conversation, e.text = conv, new_text
     return True
 
 # %% ../nbs/51_multiturn.ipynb #8ad24780
 def _chunk_turn(model, tokenizer, chunk: dict, prompt_ids: list, cfg: GenerationConfig, turn: int, pad_id: int,
-                eos_ids: list[int]) -> list[tuple[dict, Generation]]:
+                eos_ids: list[int]) -> list[tuple[_Episode, Generation]]:
     "One turn for a chunk of episodes that keeps their KV cache: only each episode's new tokens go through the model."
     with generation_mode(model):
         return _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids)
 
 
-def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids) -> list[tuple[dict, Generation]]:
+def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id,
+                     eos_ids) -> list[tuple[_Episode, Generation]]:
     if turn == 0:  # the prompts, n episodes each, as batch_generate samples them (one prefill per distinct prompt)
-        episodes = [e for e in chunk["episodes"] if e["finish"] is None]
+        episodes = [e for e in chunk["episodes"] if e.finish is None]
         if not episodes: return []
         # a prompt's n episodes start (or are too long) together
-        prompts = list(dict.fromkeys(e["p"] for e in episodes))
+        prompts = list(dict.fromkeys(e.prompt_index for e in episodes))
         gens, out, mask = generate_micro_batch(model, tokenizer, [prompt_ids[p] for p in prompts], cfg, pad_id,
                                                 eos_ids)
     else:
-        rows = [j for j, e in enumerate(chunk["episodes"]) if e["finish"] is None]
+        rows = [j for j, e in enumerate(chunk["episodes"]) if e.finish is None]
         if not rows: return []
         index = torch.tensor(rows, device=chunk["seq"].device)
         episodes = [chunk["episodes"][j] for j in rows]
         # (A, D) tokens since last turn
-        new_ids, new_mask = left_pad([e["pending"] for e in episodes], pad_id, chunk["seq"].device)
+        new_ids, new_mask = left_pad([e.pending for e in episodes], pad_id, chunk["seq"].device)
         input_ids, mask = (torch.cat([chunk["seq"][index], new_ids], 1),
                            torch.cat([chunk["mask"][index], new_mask], 1))  # (A, W+D)
         gens, out = generate_rows(model, tokenizer, input_ids, mask, cfg._replace(num_return_sequences=1), pad_id,
@@ -342,6 +387,67 @@ def _chunk_turn_eval(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos
     kept = (torch.arange(L, device=mask.device)[None, :] < lengths[:, None]).to(mask.dtype)
     chunk.update(episodes=episodes, seq=out.sequences, mask=torch.cat([mask, kept], 1), cache=output_cache(out))
     return list(zip(episodes, gens))
+
+# %% ../nbs/51_multiturn.ipynb #c30606d0
+def _rollout_env(fn: str, tokenizer, gen_config, max_turns, max_total_tokens, env, tools, tool_parser, tool_executor,
+                 timeout_s) -> Environment:
+    "`create_multiturn_rollout`'s arguments checked, and its environment: `env`, or the tool environment it implies."
+    if not isinstance(gen_config, GenerationConfig):
+        raise TypeError(f"{fn}: `gen_config` must be a GenerationConfig, got {type(gen_config).__name__}")
+    is_count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    if not is_count(max_turns): raise ValueError(f"{fn}: `max_turns` must be an int >= 1, got {max_turns!r}")
+    if max_total_tokens is not None and not is_count(max_total_tokens):
+        raise ValueError(f"{fn}: `max_total_tokens` must be an int >= 1 or None, got {max_total_tokens!r}")
+    if env is None:
+        return create_tool_environment(tools or ({} if tool_executor is None else None),
+                                       tool_parser or chat_template_tool_parser(tokenizer), tool_executor, timeout_s)
+    if not isinstance(env, Environment):
+        raise TypeError(f"{fn}: `env` must be an Environment, got {type(env).__name__}")
+    if tools is not None or tool_parser is not None or tool_executor is not None:
+        raise ValueError(f"{fn}: pass either `env` or the tool arguments (tools, tool_parser, tool_executor), not both")
+    return env
+
+# %% ../nbs/51_multiturn.ipynb #b075f7fb
+def _turn_sampler(model, tokenizer, gen_config: GenerationConfig, prompt_ids: list, episodes: list, generator,
+                  batch_size: int | None) -> Callable:
+    "`sample(turn, cfg, active) -> [(episode, Generation)]`: one turn of generation over the episodes still running."
+    n, size = gen_config.num_return_sequences, batch_size or 64
+    pad_id, eos_ids = pad_token_id(tokenizer, "create_multiturn_rollout"), sorted(eos_token_ids(model, tokenizer))
+    if generator is None and can_share_prompts(model, gen_config.custom_params):  # the KV cache stays between turns
+        chunks = [{"episodes": episodes[i * n:(i + size) * n]} for i in range(0, len(prompt_ids), size)]
+        return lambda turn, cfg, active: [pair for chunk in chunks for pair in
+                                          _chunk_turn(model, tokenizer, chunk, prompt_ids, cfg, turn, pad_id, eos_ids)]
+    kw = {} if batch_size is None else {"batch_size": batch_size}
+
+    def sample(turn: int, cfg: GenerationConfig, active: list) -> list:
+        if turn == 0:  # n episodes per prompt; prompts too long to start are not sent
+            starting = [i for i in range(len(prompt_ids)) if episodes[i * n].finish is None]
+            gens = batch_generate(model, tokenizer, [prompt_ids[i] for i in starting], cfg, generator=generator, **kw)
+            return list(zip([e for i in starting for e in episodes[i * n:(i + 1) * n]], gens))
+        streams = [prompt_ids[e.prompt_index] + e.ids for e in active]  # each episode's whole stream, as token ids
+        one_each = cfg._replace(num_return_sequences=1)
+        gens = batch_generate(model, tokenizer, streams, one_each, generator=generator, **kw)
+        return list(zip(active, gens))
+    return sample
+
+# %% ../nbs/51_multiturn.ipynb #4adc1110
+def _take_turn(e: _Episode, g: Generation, env: Environment, turn: int, last_turn: bool, room: Callable,
+               stop_condition, render: Callable, tokenizer, eos_ids: set) -> None:
+    "One episode after sampling: its tokens on the stream, the environment's step, and the next turn opened or it ends."
+    ids, reason = list(g.token_ids or ()), g.finish_reason
+    cut = len(ids) > room(e)  # the turn ran past the context or the token budget
+    if cut: ids, reason = ids[:room(e)], "length"
+    e.add_sampled(ids, g.logprobs, tokenizer.decode(ids, skip_special_tokens=True) if cut else g.text)
+    if cut:
+        e.turns.append({"finish_reason": reason, "tokens": len(ids)})
+        e.finish = "length"
+        return
+    where = f"prompt {e.prompt_index}, sample {e.sample_index}, turn {turn}"
+    step = _checked_step(env, env.step(e.state, e.conversation), where)
+    e.add_step(step, reason, len(ids))
+    if step.done or (stop_condition is not None and stop_condition(e.conversation)): e.finish = "stop"
+    elif last_turn: e.finish = "max_turns"
+    elif not _close_turn(e, step, render, tokenizer, eos_ids, room(e)): e.finish = "length"
 
 # %% ../nbs/51_multiturn.ipynb #b2619c02
 def create_multiturn_rollout(
@@ -366,99 +472,55 @@ def create_multiturn_rollout(
 ) -> Batch:
     "Multi-turn episodes for a batch of prompts: every turn is one batched generation over the episodes still running."
     fn = "create_multiturn_rollout"
-    if not isinstance(gen_config, GenerationConfig):
-        raise TypeError(f"{fn}: `gen_config` must be a GenerationConfig, got {type(gen_config).__name__}")
-    is_count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
-    if not is_count(max_turns): raise ValueError(f"{fn}: `max_turns` must be an int >= 1, got {max_turns!r}")
-    if max_total_tokens is not None and not is_count(max_total_tokens):
-        raise ValueError(f"{fn}: `max_total_tokens` must be an int >= 1 or None, got {max_total_tokens!r}")
-    if env is None:
-        env = create_tool_environment(tools or ({} if tool_executor is None else None),
-                                      tool_parser or chat_template_tool_parser(tokenizer), tool_executor, timeout_s)
-    elif not isinstance(env, Environment):
-        raise TypeError(f"{fn}: `env` must be an Environment, got {type(env).__name__}")
-    elif tools is not None or tool_parser is not None or tool_executor is not None:
-        raise ValueError(f"{fn}: pass either `env` or the tool arguments (tools, tool_parser, tool_executor), not both")
-    n = gen_config.num_return_sequences
+    env = _rollout_env(fn, tokenizer, gen_config, max_turns, max_total_tokens, env, tools, tool_parser, tool_executor,
+                       timeout_s)
     texts, questions, answers, convs = prompt_inputs(prompts, tokenizer, answers, system_prompt, template_fn, fn)
     prompt_ids = encode_prompts(tokenizer, texts, fn)
     render = lambda conv: apply_chat_template(conv, tokenizer, template_fn=template_fn)
     eos_ids, limit = set(eos_token_ids(model, tokenizer)), _context_limit(model, tokenizer)
-    room = lambda e: min(limit - len(prompt_ids[e["p"]]) - len(e["ids"]), (max_total_tokens or 10**8) - len(e["ids"]))
-    episodes = [_episode(i, k, convs[i], texts[i], env.reset(convs[i], answers[i]) if env.reset else None)
-                for i in range(len(texts)) for k in range(n)]  # prompt-major, like create_batch_rollouts
-    kw = {} if batch_size is None else {"batch_size": batch_size}
-    # keep each episode's KV cache between turns
-    reuse = generator is None and can_share_prompts(model, gen_config.custom_params)
-    size, pad_id = batch_size or 64, pad_token_id(tokenizer, fn)
-    # `size` prompts' episodes each
-    chunks = [{"episodes": episodes[i * n:(i + size) * n]} for i in range(0, len(texts), size)]
+    room = lambda e: min(limit - len(prompt_ids[e.prompt_index]) - len(e.ids), (max_total_tokens or 10**8) - len(e.ids))
+    episodes = [_Episode(i, k, convs[i], texts[i], env.reset(convs[i], answers[i]) if env.reset else None)
+                for i in range(len(texts))
+                for k in range(gen_config.num_return_sequences)]  # prompt-major, like create_batch_rollouts
+    sample = _turn_sampler(model, tokenizer, gen_config, prompt_ids, episodes, generator, batch_size)
     for turn in range(max_turns):
         for e in episodes:
-            if e["finish"] is None and room(e) < 1: e["finish"] = "length"
-        active = [e for e in episodes if e["finish"] is None]
+            if e.finish is None and room(e) < 1: e.finish = "length"
+        active = [e for e in episodes if e.finish is None]
         if not active: break
-        cfg = gen_config._replace(max_new_tokens=min(gen_config.max_new_tokens, max(room(e) for e in active)),
-                                  logprobs=True)
-        if reuse:
-            pairs = [pair for c in chunks
-                     for pair in _chunk_turn(model, tokenizer, c, prompt_ids, cfg, turn, pad_id, sorted(eos_ids))]
-        elif turn == 0:  # n episodes per prompt; prompts too long to start are not sent
-            starting = [i for i in range(len(texts)) if episodes[i * n]["finish"] is None]
-            gens = batch_generate(model, tokenizer, [prompt_ids[i] for i in starting], cfg, generator=generator, **kw)
-            pairs = zip([e for i in starting for e in episodes[i * n:(i + 1) * n]], gens)
-        else: pairs = zip(active, batch_generate(model, tokenizer, [prompt_ids[e["p"]] + e["ids"] for e in active],
-                                                 cfg._replace(num_return_sequences=1), generator=generator, **kw))
-        for e, g in pairs:
-            ids, lps, reason = list(g.token_ids or ()), g.logprobs, g.finish_reason
-            cut = len(ids) > room(e)
-            if cut: ids, reason = ids[:room(e)], "length"
-            text = tokenizer.decode(ids, skip_special_tokens=True) if cut else g.text
-            e["ids"] += ids; e["mask"] += [1] * len(ids)
-            e["lps"] = None if lps is None or e["lps"] is None else e["lps"] + list(lps[:len(ids)])
-            e["last"] = text
-            e["conv"] = e["conv"].add_message(Message("assistant", text))
-            if cut:
-                e["turns"].append({"finish_reason": reason, "tokens": len(ids)}); e["finish"] = "length"; continue
-            step = _checked_step(env, env.step(e["state"], e["conv"]), f"prompt {e['p']}, sample {e['k']}, turn {turn}")
-            info = dict(step.info or {})
-            calls, results = tuple(info.pop("tool_calls", ())), tuple(info.pop("tool_results", ()))
-            if calls:  # the parsed calls go on the assistant's message
-                msgs = e["conv"].messages
-                e["conv"] = e["conv"]._replace(messages=msgs[:-1] + (msgs[-1]._replace(tool_calls=calls),))
-            e["calls"] += calls; e["results"] += results; e["env_reward"] += float(step.reward); e["state"] = step.state
-            e["turns"].append({**info, "finish_reason": reason, "tokens": len(ids), "tool_calls": len(calls),
-                               "reward": float(step.reward)})
-            if step.done or (stop_condition is not None and stop_condition(e["conv"])): e["finish"] = "stop"
-            elif turn == max_turns - 1: e["finish"] = "max_turns"
-            elif not _close_turn(e, step, render, tokenizer, eos_ids, room(e)): e["finish"] = "length"
+        longest = min(gen_config.max_new_tokens, max(room(e) for e in active))  # what the roomiest episode may sample
+        for e, g in sample(turn, gen_config._replace(max_new_tokens=longest, logprobs=True), active):
+            _take_turn(e, g, env, turn, turn == max_turns - 1, room, stop_condition, render, tokenizer, eos_ids)
     return _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, reward_fn, env.tools or None, fn)
 
 # %% ../nbs/51_multiturn.ipynb #33046750
+def _episode_rollout(e: _Episode, prompt: str, prompt_ids: list, question: str, answer, tool_names) -> Rollout:
+    "An ended episode as a Rollout: one token stream with its loss mask, the conversation, the calls, the metadata."
+    reason = e.finish or "max_turns"
+    meta = {"prompt_index": e.prompt_index, "sample_index": e.sample_index, "question": question,
+            "finish_reason": reason, "turns": e.turns, "num_turns": len(e.turns), "env_reward": e.env_reward,
+            "tools": track_tool_calls([Rollout("", tool_calls=tuple(e.calls), tool_results=tuple(e.results))],
+                                      tool_names=tool_names)}
+    gen = Generation(text=e.last, token_ids=list(e.ids), logprobs=e.logprobs, finish_reason=reason)  # the final turn
+    return Rollout(prompt=prompt, generation=gen, prompt_token_ids=list(prompt_ids), token_ids=list(e.ids),
+                   loss_mask=list(e.mask), logprobs=e.logprobs, rewards=e.env_reward, conversation=e.conversation,
+                   tool_calls=tuple(e.calls), tool_results=tuple(e.results), group_index=e.prompt_index, answer=answer,
+                   status="completed" if reason == "stop" else "truncated", metadata=meta)
+
+
 def _finish_batch(episodes, texts, prompt_ids, questions, answers, gen_config, reward_fn, tool_names, fn) -> Batch:
     "Episodes -> scored Rollouts (one token stream each) in a Batch with the run's multi-turn and tool metrics."
-    rollouts = []
-    for e in episodes:
-        reason = e["finish"] or "max_turns"
-        meta = {"prompt_index": e["p"], "sample_index": e["k"], "question": questions[e["p"]], "finish_reason": reason,
-                "turns": e["turns"], "num_turns": len(e["turns"]), "env_reward": e["env_reward"],
-                "tools": track_tool_calls([Rollout("", tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]))],
-                                          tool_names=tool_names)}
-        # text: the final turn
-        gen = Generation(text=e["last"], token_ids=list(e["ids"]), logprobs=e["lps"], finish_reason=reason)
-        rollouts.append(Rollout(
-            prompt=texts[e["p"]], generation=gen, prompt_token_ids=list(prompt_ids[e["p"]]), token_ids=list(e["ids"]),
-            loss_mask=list(e["mask"]), logprobs=e["lps"], rewards=e["env_reward"], conversation=e["conv"],
-            tool_calls=tuple(e["calls"]), tool_results=tuple(e["results"]), group_index=e["p"], answer=answers[e["p"]],
-            status="completed" if reason == "stop" else "truncated", metadata=meta))
+    rollouts = [_episode_rollout(e, texts[e.prompt_index], prompt_ids[e.prompt_index], questions[e.prompt_index],
+                                 answers[e.prompt_index], tool_names) for e in episodes]
     if reward_fn is not None:
         rollouts = [r._replace(rewards=checked_reward(reward_fn, r, k, fn)) for k, r in enumerate(rollouts)]
-    count = lambda reason: sum(e["finish"] == reason for e in episodes) / len(episodes)
-    metrics = {"multiturn/turns": sum(len(e["turns"]) for e in episodes) / len(episodes),
-               "multiturn/length_frac": count("length"), "multiturn/max_turns_frac": count("max_turns"),
-               "multiturn/tokens": sum(len(e["ids"]) for e in episodes) / len(episodes),
-               "multiturn/policy_tokens": sum(sum(e["mask"]) for e in episodes) / len(episodes),
-               "multiturn/env_reward": sum(e["env_reward"] for e in episodes) / len(episodes),
+    mean = lambda values: sum(values) / len(episodes)
+    metrics = {"multiturn/turns": mean(len(e.turns) for e in episodes),
+               "multiturn/length_frac": mean(e.finish == "length" for e in episodes),
+               "multiturn/max_turns_frac": mean(e.finish == "max_turns" for e in episodes),
+               "multiturn/tokens": mean(len(e.ids) for e in episodes),
+               "multiturn/policy_tokens": mean(sum(e.mask) for e in episodes),
+               "multiturn/env_reward": mean(e.env_reward for e in episodes),
                **track_tool_calls(rollouts, tool_names=tool_names)}
     return Batch(rollouts, {"num_prompts": len(texts), "group_size": gen_config.num_return_sequences,
                             "gen_config": gen_config, **metrics})

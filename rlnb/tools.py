@@ -1,4 +1,4 @@
-"""Read the tool calls a model writes, run them safely against plain Python functions, and extend a conversation one assistant turn at a time.
+"""Read the tool calls a model writes, run them safely as Python functions, and generate the next turn of a chat.
 
 Docs: https://rlnb.github.io/rlnb/tools.html.md"""
 
@@ -23,13 +23,15 @@ __all__ = ['MAX_TOOL_CALLS', 'tool_error', 'loads_model_json', 'parse_function_c
            'generate_conversation_turn']
 
 # %% ../nbs/50_tools.ipynb #5b58fa9f
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
-
-
-def tool_error(raw: str, message: str, max_chars: int) -> dict:
+def tool_error(
+    raw: str,  # the call's text as the model wrote it
+    message: str,  # what is wrong with the call, for the model to read
+    max_chars: int,  # `raw` is cut to this many characters
+) -> dict:
+    "A malformed call as a call dict: no name, no arguments, its (cut) text and the `error` message."
     return {"name": None, "arguments": {}, "raw": raw[:max_chars], "error": message}
 
-
+# %% ../nbs/50_tools.ipynb #08546d53
 def _nesting_depth(text: str) -> int:
     "How deep `[` and `{` nest in JSON text, strings skipped: one pass, no recursion."
     depth = deepest = 0
@@ -40,11 +42,13 @@ def _nesting_depth(text: str) -> int:
             elif ch == "\\": escaped = True
             elif ch == '"': in_string = False
         elif ch == '"': in_string = True
-        elif ch in "[{": depth += 1; deepest = max(deepest, depth)
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
         elif ch in "]}": depth -= 1
     return deepest
 
-
+# %% ../nbs/50_tools.ipynb #7424b579
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value): raise ValueError(f"number {text[:20]} overflows a float")
@@ -53,8 +57,11 @@ def _finite_float(text: str) -> float:
 
 def _reject_constant(name: str): raise ValueError(f"{name} is not a JSON number")
 
-
-def loads_model_json(text: str, max_depth: int):
+# %% ../nbs/50_tools.ipynb #23827635
+def loads_model_json(
+    text: str,  # JSON written by a model
+    max_depth: int,  # deeper [ / { nesting is refused before `json.loads` sees it
+):
     "json.loads for model text: bounded nesting, finite numbers, valid unicode. Every failure is a ValueError."
     if _nesting_depth(text) > max_depth: raise ValueError(f"nested deeper than max_depth={max_depth}")
     try: obj = json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
@@ -65,9 +72,14 @@ def loads_model_json(text: str, max_depth: int):
         raise ValueError("a string decodes to a lone surrogate (\\ud800-\\udfff), not valid unicode") from None
     return obj
 
-
-def parse_function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
-    "One parsed JSON call object -> a call dict (or an error dict), OpenAI's {\"function\": {...}} wrapper unwrapped."
+# %% ../nbs/50_tools.ipynb #672d87e2
+def parse_function_call(
+    obj,  # one parsed JSON value, e.g. {"name": ..., "arguments": {...}} or OpenAI's {"function": {...}}
+    raw: str,  # the text it was parsed from, kept in the call dict
+    max_chars: int,  # an error's `raw` is cut to this many characters
+    max_depth: int,  # nesting limit for `arguments` written as a JSON string
+) -> dict:
+    "One parsed JSON call -> a call dict (or an error dict), OpenAI's {\"function\": {...}} wrapper unwrapped."
     if isinstance(obj, dict) and isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
         obj = {**obj["function"], **({"id": obj["id"]} if "id" in obj else {})}
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -79,6 +91,19 @@ def parse_function_call(obj, raw: str, max_chars: int, max_depth: int) -> dict:
     if not isinstance(args, dict): return tool_error(raw, "`arguments` must be a JSON object", max_chars)
     return {"name": obj["name"], "arguments": args, "raw": raw, **({"id": str(obj["id"])} if "id" in obj else {})}
 
+# %% ../nbs/50_tools.ipynb #44fbeb81
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)  # an unclosed block runs to the end
+
+
+def _json_tool_call(match: re.Match, max_chars: int, max_depth: int) -> dict:
+    "One `<tool_call>` block of the text -> its call dict, or an error dict saying what is wrong with it."
+    raw = match.group(1).strip()
+    if not match.group(2): return tool_error(raw, "unclosed <tool_call> block", max_chars)
+    if len(raw) > max_chars: return tool_error(raw, f"tool call longer than {max_chars} characters", max_chars)
+    try: obj = loads_model_json(raw, max_depth)
+    except ValueError as e: return tool_error(raw, f"invalid JSON: {e}", max_chars)
+    return parse_function_call(obj, raw, max_chars, max_depth)
+
 
 def parse_json_tool_calls(
     text: str,  # completion text
@@ -88,18 +113,7 @@ def parse_json_tool_calls(
     "Tool calls written as `<tool_call>{json}</tool_call>`: dicts with name, arguments, raw (and `error` if malformed)."
     if not isinstance(text, str):
         raise TypeError(f"parse_json_tool_calls: `text` must be a str, got {type(text).__name__}")
-    calls = []
-    for match in _TOOL_CALL_RE.finditer(text):
-        raw = match.group(1).strip()
-        if not match.group(2): calls.append(tool_error(raw, "unclosed <tool_call> block", max_chars)); continue
-        if len(raw) > max_chars:
-            calls.append(tool_error(raw, f"tool call longer than {max_chars} characters", max_chars))
-            continue
-        try: obj = loads_model_json(raw, max_depth)
-        except ValueError as e: calls.append(tool_error(raw, f"invalid JSON: {e}", max_chars)); continue
-        calls.append(parse_function_call(obj, raw, max_chars, max_depth))
-    return calls
-
+    return [_json_tool_call(match, max_chars, max_depth) for match in _TOOL_CALL_RE.finditer(text)]
 
 # %% ../nbs/50_tools.ipynb #c0b2005d
 def extract_tool_calls(
@@ -129,11 +143,6 @@ def calculator(
         return str(Decimal(value.numerator) / Decimal(value.denominator))
 
 # %% ../nbs/50_tools.ipynb #60c1a926
-MAX_TOOL_CALLS = 128  # calls run per `execute_tools` call (one completion's); the rest get an error result, unrun
-_MAX_ERROR_CHARS = 2_000
-_FORK = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-
-
 def _clean(text: str) -> str:
     # a lone surrogate becomes the 6 characters \ud800
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -143,6 +152,9 @@ def _describe(e: BaseException) -> str:
     try: text = str(e)
     except Exception: text = "<unprintable>"
     return f"{type(e).__name__}: {text}"
+
+# %% ../nbs/50_tools.ipynb #0fb527e7
+_MAX_ERROR_CHARS = 2_000  # a longer error message is cut
 
 
 def _error_result(base: dict, message: str) -> dict:
@@ -155,7 +167,7 @@ def _as_content(value) -> str:
     try: return json.dumps(value, default=str)
     except (TypeError, ValueError): return str(value)
 
-
+# %% ../nbs/50_tools.ipynb #32aa95de
 def _call_tool(call: dict, tools: dict) -> Any:
     "The default executor: look the tool up by name, call it with the arguments as keywords (or one string argument)."
     if call.get("error"): raise ValueError(f"malformed tool call: {call['error']}")
@@ -177,7 +189,7 @@ def _run_call(run: Callable, call, base: dict) -> dict:
     except KeyboardInterrupt: raise
     except BaseException as e: return _error_result(base, _describe(e))
 
-
+# %% ../nbs/50_tools.ipynb #decb6e7a
 def _flush_std_streams():
     for stream in (sys.stdout, sys.stderr):
         try: stream.flush()
@@ -190,7 +202,7 @@ def _adopt_orphans() -> None:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
 
-
+# %% ../nbs/50_tools.ipynb #7e5f848e
 def _descendants(pid: int) -> list[int]:
     "Every live process below `pid` (from /proc on Linux; elsewhere none are found and the process group kill remains)."
     children: dict[int, list[int]] = {}
@@ -204,8 +216,13 @@ def _descendants(pid: int) -> list[int]:
         children.setdefault(ppid, []).append(int(entry))
     found, todo = [], [pid]
     while todo:
-        for child in children.get(todo.pop(), []): found.append(child); todo.append(child)
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
     return found
+
+# %% ../nbs/50_tools.ipynb #8d809cfa
+_FORK = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str:
@@ -222,7 +239,8 @@ def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str
             sender.send(f"{type(e).__name__}: the result of tool {str(name)[:100]!r} cannot be pickled: {e}")
         threading.Event().wait()  # stay until killed: while this process lives, what the tool started stays findable
     process = _FORK.Process(target=child, daemon=True)
-    process.start(); sender.close()
+    process.start()
+    sender.close()  # the child's end: once the child exits, recv() sees EOF instead of waiting
     try:
         if not receiver.poll(timeout_s): return f"TimeoutError: no result within {timeout_s} s"
         try: return receiver.recv()
@@ -240,16 +258,23 @@ def _run_in_child(job: Callable[[], dict], name, timeout_s: float) -> dict | str
         except OSError: pass
         process.kill()  # in case it had not made its own group yet; multiprocessing reaps it at the next start
 
-
+# %% ../nbs/50_tools.ipynb #f483a5ef
 def _run_in_thread(job: Callable[[], dict], timeout_s: float) -> dict | str:
     "Fallback without fork: job() in a daemon thread that is abandoned (not stopped) at the timeout."
     box = []
     thread = threading.Thread(target=lambda: box.append(job()), daemon=True)
-    thread.start(); thread.join(timeout_s)
+    thread.start()
+    thread.join(timeout_s)
     return box[0] if box else f"TimeoutError: no result within {timeout_s} s"
 
-
-def tool_runner(fn: str, tool_calls, tool_executor, tools, timeout_s) -> tuple[list, Callable]:
+# %% ../nbs/50_tools.ipynb #30ce8ec4
+def tool_runner(
+    fn: str,  # the calling function's name, for its errors
+    tool_calls,  # the parsed calls of one completion (a list of dicts)
+    tool_executor: Callable[[dict], Any] | None,  # custom `call -> result`; None = look the name up in `tools`
+    tools: dict[str, Callable] | None,  # name -> python function, for the default executor
+    timeout_s: float | None,  # seconds per call (checked here); None = in this process, no limit
+) -> tuple[list, Callable]:
     "`execute_tools`' arguments checked: the calls as a list, and the `call -> value` function that runs one."
     if isinstance(tool_calls, (str, bytes, Mapping)) or not isinstance(tool_calls, Iterable):
         raise TypeError(f"{fn}: `tool_calls` must be a list of parsed calls (dicts), got {type(tool_calls).__name__}")
@@ -262,8 +287,15 @@ def tool_runner(fn: str, tool_calls, tool_executor, tools, timeout_s) -> tuple[l
         raise ValueError(f"{fn}: `timeout_s` must be a positive number of seconds or None, got {timeout_s!r}")
     return list(tool_calls), tool_executor if tool_executor is not None else (lambda call: _call_tool(call, tools))
 
+# %% ../nbs/50_tools.ipynb #ec66f419
+MAX_TOOL_CALLS = 128  # calls run per `execute_tools` call (one completion's); the rest get an error result, unrun
 
-def each_tool_result(calls: list, run: Callable, timeout_s: float | None) -> Iterator[tuple[dict, dict]]:
+
+def each_tool_result(
+    calls: list,  # the parsed calls of one completion, from `tool_runner`
+    run: Callable,  # `call -> value`, from `tool_runner`
+    timeout_s: float | None,  # seconds per call, in a child process killed at the timeout; None = in this process
+) -> Iterator[tuple[dict, dict]]:
     "(call, its result) for each call, run when asked for (a caller can time it); calls past MAX_TOOL_CALLS do not run."
     for k, call in enumerate(calls):
         base = {"name": call.get("name") if isinstance(call, dict) else None,
@@ -280,7 +312,7 @@ def each_tool_result(calls: list, run: Callable, timeout_s: float | None) -> Ite
         yield call, outcome if isinstance(outcome, dict) else _error_result(base, outcome)
     multiprocessing.active_children()  # reap the finished children without waiting
 
-
+# %% ../nbs/50_tools.ipynb #737ecb3b
 def execute_tools(
     tool_calls: Sequence[dict],  # parsed calls of one completion, e.g. from `extract_tool_calls`
     tool_executor: Callable[[dict], Any] | None = None,  # custom `call -> result` (a dict with "content", or any value)

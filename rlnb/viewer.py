@@ -92,7 +92,7 @@ def _visible(text: str) -> str:
     if text == "": return "∅"
     return html.escape(text).replace("\t", "⇥").replace("\n", "↵\n")
 
-
+# %% ../nbs/63_viewer.ipynb #3a4b47a3
 def _scale(rows: Sequence[Sequence[float]], masks=None, centred: bool = False) -> tuple[float, float]:
     "The 2nd and 98th percentiles of the finite values (where `masks` is 1); symmetric around 0 if `centred`."
     flat = [v for i, row in enumerate(rows) for j, v in enumerate(row)
@@ -283,7 +283,8 @@ def view_rollouts(
     colour = widgets.ToggleButtons(options=order, value=quantity, style={"button_width": "86px"})
     page = widgets.HTML(group_html(rollouts, texts, vals, pick.value, quantity))
     def update(change=None): page.value = group_html(rollouts, texts, vals, pick.value, colour.value)
-    pick.observe(update, names="value"); colour.observe(update, names="value")
+    pick.observe(update, names="value")
+    colour.observe(update, names="value")
     label = widgets.HTML('<div style="width:66px;text-align:right;padding-right:8px">colour by</div>')
     box = widgets.VBox([pick, widgets.HBox([label, colour]), page])
     box.add_class("rlnb-viewer")

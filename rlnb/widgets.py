@@ -1,4 +1,4 @@
-"""A logger that shows a run as it happens: curves, latest metrics and current samples in a widget that costs the run almost nothing.
+"""A logger that shows a run as it happens: curves, latest metrics and current samples, at almost no cost to the run.
 
 Docs: https://rlnb.github.io/rlnb/widgets.html.md"""
 
@@ -15,7 +15,7 @@ from .core import Batch, Rollout, TrainingState, TrainingStats
 from .loggers import METRIC_LABELS, metrics_record
 
 # %% auto #0
-__all__ = ['DASHBOARD_PANELS', 'draw_dashboard', 'metrics_html', 'rollout_reward', 'rollout_groups', 'rollout_question',
+__all__ = ['DASHBOARD_PANELS', 'draw_dashboard', 'metrics_html', 'rollout_reward', 'rollout_question', 'rollout_groups',
            'value_colors', 'samples_html', 'create_dashboard_logger']
 
 # %% ../nbs/62_widgets.ipynb #e0f9ce7b
@@ -49,10 +49,13 @@ def _dashboard_axes(fig, panels: Sequence[str]) -> list:
     for ax, key in zip(axes, panels):
         ax.set_label(key)
         ax.set_title(METRIC_LABELS.get(key, key), fontsize=10)
-        ax.set_xlabel("optimizer step", fontsize=8); ax.tick_params(labelsize=8); ax.grid(alpha=0.3)
+        ax.set_xlabel("optimizer step", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
         if key in _SECOND_LINE: ax.set_ylabel("seconds", fontsize=8)
-        ax.plot([], [], color="C0", alpha=0.3, lw=1); ax.plot([], [], color="C0", lw=1.8, ms=3)
-        ax.plot([], [], color="C1", lw=1.4)
+        ax.plot([], [], color="C0", alpha=0.3, lw=1)  # raw values
+        ax.plot([], [], color="C0", lw=1.8, ms=3)  # their rolling mean, or sparse values as measured
+        ax.plot([], [], color="C1", lw=1.4)  # the companion series
         ax.text(0.5, 0.5, "no data yet", ha="center", va="center", color="grey", transform=ax.transAxes)
     for ax in axes[len(panels):]: ax.set_visible(False)
     return list(axes[:len(panels)])
@@ -75,9 +78,11 @@ def draw_dashboard(
         main.set(marker="" if dense else "o", label=f"rolling mean ({window})" if dense else "as measured")
         if key in _SECOND_LINE:
             x2, y2 = _series(records, _SECOND_LINE[key][0])
-            second.set_data(x2, _rolling(y2, max(1, len(y2) // 10))); second.set_label(_SECOND_LINE[key][1])
+            second.set_data(x2, _rolling(y2, max(1, len(y2) // 10)))
+            second.set_label(_SECOND_LINE[key][1])
         ax.texts[0].set_visible(not y)
-        ax.relim(); ax.autoscale_view()
+        ax.relim()
+        ax.autoscale_view()
         if y: ax.legend(handles=[l for l in (main, second) if len(l.get_xdata())], fontsize=7, loc="best")
         elif ax.get_legend() is not None: ax.get_legend().remove()
     return fig
@@ -96,11 +101,13 @@ def _number(v) -> str:
 
 
 def _duration(seconds: float) -> str:
+    "A duration for people: 42 s, 17 min, 2.5 h."
     if seconds < 100: return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 6000 else f"{seconds / 3600:.1f} h"
 
-
+# %% ../nbs/62_widgets.ipynb #93017b5a
 def _row(name: str, value: str) -> str:
+    "A table row: the name (escaped here) and its value (HTML already)."
     return (f'<tr><td style="padding:1px 10px 1px 0;color:#555">{html.escape(name)}</td>'
             f'<td style="text-align:right">{value}</td></tr>')
 
@@ -141,26 +148,37 @@ def metrics_html(
             f'<table style="border-collapse:collapse">{"".join(rows)}</table>{rest}</div>')
 
 # %% ../nbs/62_widgets.ipynb #45cd3bd4
-def rollout_reward(r: Rollout) -> float:
+def rollout_reward(
+    r: Rollout,  # a scored rollout: `rewards` a number, a list or a tensor
+) -> float:
     "A rollout's reward as one number (the mean of a vector reward)."
     v = r.rewards.tolist() if isinstance(r.rewards, torch.Tensor) else r.rewards
     return float(sum(v) / len(v)) if isinstance(v, (list, tuple)) else float(v)
 
 
-def rollout_groups(rollouts: Sequence[Rollout]) -> dict:
+def rollout_question(
+    r: Rollout,  # a rollout; its metadata's "question" is used if it has one
+) -> str:
+    "The question as a person would read it (before the chat template), else the prompt."
+    return str((r.metadata or {}).get("question") or r.prompt)
+
+# %% ../nbs/62_widgets.ipynb #f6848372
+def rollout_groups(
+    rollouts: Sequence[Rollout],  # a batch's rollouts, in order
+) -> dict:
     "group label -> indices of its rollouts, in order of first appearance (no group_index: a group of its own)."
     out: dict = {}
     for i, r in enumerate(rollouts):
         out.setdefault(("single", i) if r.group_index is None else r.group_index, []).append(i)
     return out
 
-
-def rollout_question(r: Rollout) -> str:
-    "The question as a person would read it (before the chat template), else the prompt."
-    return str((r.metadata or {}).get("question") or r.prompt)
-
-
-def value_colors(value: float, vmin: float, vmax: float, cmap: str = "viridis") -> tuple[str, str]:
+# %% ../nbs/62_widgets.ipynb #642615f5
+def value_colors(
+    value: float,  # the number to colour
+    vmin: float,  # the value that gets the colour map's first colour (lower values are clipped to it)
+    vmax: float,  # the value that gets its last colour (higher values are clipped to it)
+    cmap: str = "viridis",  # a matplotlib colour map's name
+) -> tuple[str, str]:
     "(background, text) hex colours for `value` on `cmap` over [vmin, vmax]; dark backgrounds get white text."
     from matplotlib import colormaps
     t = 0.5 if vmax <= vmin else min(1.0, max(0.0, (value - vmin) / (vmax - vmin)))
@@ -170,6 +188,7 @@ def value_colors(value: float, vmin: float, vmax: float, cmap: str = "viridis") 
 
 # %% ../nbs/62_widgets.ipynb #0f3924d7
 def _cell(content: str, style: str = "", rowspan: int = 1) -> str:
+    "A table cell of HTML `content`, spanning `rowspan` rows."
     span = f' rowspan="{rowspan}"' if rowspan > 1 else ""
     return f'<td{span} style="padding:2px 6px;border-top:1px solid #ddd;vertical-align:top;{style}">{content}</td>'
 
@@ -211,6 +230,25 @@ def _in_notebook() -> bool:
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
 
+
+def _dashboard_widget(fig) -> tuple:
+    "The empty widget: (the whole, the plots' Image, the metrics' HTML, the samples' HTML)."
+    import ipywidgets as widgets
+    plots = widgets.Image(format="png", layout=widgets.Layout(width=f"{fig.get_figwidth() * fig.dpi:.0f}px"))
+    text, samples = widgets.HTML(), widgets.HTML()
+    widget = widgets.VBox([widgets.HBox([plots, text], layout=widgets.Layout(flex_flow="row wrap")), samples])
+    widget.add_class("rlnb-dashboard")
+    return widget, plots, text, samples
+
+# %% ../nbs/62_widgets.ipynb #fd24ccff
+def _check_dashboard_args(total, every_s, max_overhead) -> None:
+    "`create_dashboard_logger`'s numbers checked."
+    fn = "create_dashboard_logger"
+    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 1):
+        raise ValueError(f"{fn}: `total` must be None or an int >= 1, got {total!r}")
+    if not every_s >= 0: raise ValueError(f"{fn}: `every_s` must be >= 0 seconds, got {every_s!r}")
+    if not 0 < max_overhead <= 1: raise ValueError(f"{fn}: `max_overhead` must be in (0, 1], got {max_overhead!r}")
+
 # %% ../nbs/62_widgets.ipynb #b7ea8921
 def create_dashboard_logger(
     total: int | None = None,  # iterations in the run (None: from the config `train` puts in state.metadata)
@@ -223,17 +261,9 @@ def create_dashboard_logger(
     display: bool = True,  # show the widget now (only inside a notebook)
 ) -> Callable[[TrainingState, TrainingStats], None]:
     "A logger drawing a live dashboard widget: progress, plots, latest metrics and samples (via `.iteration_hook`)."
-    import ipywidgets as widgets
-    fn = "create_dashboard_logger"
-    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 1):
-        raise ValueError(f"{fn}: `total` must be None or an int >= 1, got {total!r}")
-    if not every_s >= 0: raise ValueError(f"{fn}: `every_s` must be >= 0 seconds, got {every_s!r}")
-    if not 0 < max_overhead <= 1: raise ValueError(f"{fn}: `max_overhead` must be in (0, 1], got {max_overhead!r}")
+    _check_dashboard_args(total, every_s, max_overhead)
     fig = draw_dashboard([], panels=panels)
-    plots = widgets.Image(format="png", layout=widgets.Layout(width=f"{fig.get_figwidth() * fig.dpi:.0f}px"))
-    text, samples = widgets.HTML(), widgets.HTML()
-    widget = widgets.VBox([widgets.HBox([plots, text], layout=widgets.Layout(flex_flow="row wrap")), samples])
-    widget.add_class("rlnb-dashboard")
+    widget, plots, text, samples = _dashboard_widget(fig)
     timing = dict(calls=0, text_updates=0, draws=0, draw_s=0.0, forced_s=0.0, busy_s=0.0)
     clock = {"start": None, "text_at": -math.inf, "draw_at": -math.inf, "total": total}
 
@@ -247,13 +277,15 @@ def create_dashboard_logger(
             buf = io.BytesIO()
             draw_dashboard(log.records, fig, panels).savefig(buf, format="png")
             plots.value = buf.getvalue()
-            timing["draws"] += 1; timing["draw_s"] += time.perf_counter() - now
+            timing["draws"] += 1
+            timing["draw_s"] += time.perf_counter() - now
 
     def log(state: TrainingState, stats: TrainingStats) -> None:
         t0 = time.perf_counter()
         if clock["start"] is None: clock["start"] = t0
         if total is None: clock["total"] = getattr((state.metadata or {}).get("config"), "num_iterations", None)
-        log.records.append(metrics_record(state, stats)); timing["calls"] += 1
+        log.records.append(metrics_record(state, stats))
+        timing["calls"] += 1
         forced = timing["draws"] == 0 or (clock["total"] is not None and state.iteration >= clock["total"])
         draw = forced or t0 >= clock["draw_at"]
         if draw or t0 >= clock["text_at"]:
