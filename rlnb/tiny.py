@@ -1,5 +1,4 @@
-"""A character-level tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and a cached loader of its
-trained version.
+"""A character tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and its cached loader.
 
 Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 

@@ -1,5 +1,4 @@
-"""Supervised fine-tuning of the tiny model on a task until it is partially competent, the folder `load_tiny_model`
-caches, and what the default model learned.
+"""Supervised fine-tuning of the tiny model until it is partly competent; what it learned.
 
 Docs: https://rlnb.github.io/rlnb/tiny_sft.html.md"""
 

@@ -1,5 +1,4 @@
-"""A task the tiny model cannot do in its head, a brief SFT on calculator demonstrations, then RL that raises the
-reward by changing how the model uses the tool.
+"""A task the tiny model cannot do in its head, calculator SFT, then RL on how it uses the tool.
 
 Docs: https://rlnb.github.io/rlnb/tool_use.html.md"""
 
