@@ -18,7 +18,7 @@ from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
 from .models import prepare_tokenizer, auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn
-from .tiny import resolve_task, load_tiny_model, tiny_cache_dir
+from .tiny import resolve_task, load_tiny_model, tiny_cache_dir, tiny_cache_path
 
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',
@@ -372,10 +372,11 @@ _RM_LOCK = threading.Lock()
 
 
 def tiny_reward_model_path(task="addition", seed: int = 0, cache_dir=None, **recipe) -> Path:
-    "The cache folder of the tiny reward model for these settings."
+    "The cache folder of the tiny reward model for these settings (and the tiny policy it is made from)."
     task = resolve_task(task, "tiny_reward_model_path")
+    # the policy's folder name is its recipe's digest: its backbone and its samples make the reward model
     key = dict(version=TINY_RM_VERSION, task=task.name, params=getattr(task, "params", None),
-               **{**TINY_RM_DEFAULTS, **recipe})
+               policy=tiny_cache_path(task).name, **{**TINY_RM_DEFAULTS, **recipe})
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:10]
     return tiny_cache_dir(cache_dir) / f"reward-{task.name}-seed{seed}-{digest}"
 
@@ -397,7 +398,8 @@ def _train_tiny_rm(tmp: Path, task, seed: int, recipe: dict, progress: bool) -> 
     t0 = time.perf_counter()
     rows = train_reward_model(model, tokenizer, train_pairs, recipe["steps"], recipe["batch_size"],
                               recipe["learning_rate"], eval_pairs=eval_pairs, eval_every=recipe["steps"], seed=seed)
-    summary = dict(task=task.name, seed=seed, recipe=recipe, seconds=round(time.perf_counter() - t0, 2),
+    summary = dict(task=task.name, seed=seed, recipe=recipe, policy=tiny_cache_path(task).name,
+                   seconds=round(time.perf_counter() - t0, 2),
                    train_pairs=len(train_pairs), eval_accuracy=rows[-1]["eval/accuracy"], final_loss=rows[-1]["loss"],
                    policy_pairs_accuracy=pairwise_accuracy(model, tokenizer, policy_eval))
     if progress:

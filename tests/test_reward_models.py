@@ -13,7 +13,7 @@ from rlnb.reward_models import (PreferencePair, build_tiny_reward_model, compute
                                 preference_loss, read_tiny_reward_summary, train_reward_model)
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
-from rlnb.tiny import build_tokenizer, load_tiny_model
+from rlnb.tiny import build_tokenizer, load_tiny_model, tiny_cache_path
 
 torch.set_num_threads(1)
 TASK = get_task("addition")
@@ -156,10 +156,20 @@ def test_tiny_reward_model_cache_cold_then_warm(tmp_path, monkeypatch):
     model, tok = load_tiny_reward_model(cache_dir=tmp_path, progress=False, **recipe)
     folder = rms.tiny_reward_model_path(cache_dir=tmp_path, **recipe)
     assert folder.parent == tmp_path and read_tiny_reward_summary(folder)["recipe"]["steps"] == 3
+    assert read_tiny_reward_summary(folder)["policy"] == tiny_cache_path("addition").name  # the policy it came from
     monkeypatch.setattr(rms, "_train_tiny_rm", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained again")))
     model2, _ = load_tiny_reward_model(cache_dir=tmp_path, progress=False, **recipe)
     for a, b in zip(model.parameters(), model2.parameters()): assert torch.equal(a, b)
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_tiny_reward_model_path_follows_the_policy(monkeypatch):
+    "A new default tiny policy (another recipe) gets a new reward-model folder: the RM is made from its samples."
+    import rlnb.tiny
+    before = rms.tiny_reward_model_path()
+    assert rms.tiny_reward_model_path() == before  # stable
+    monkeypatch.setitem(rlnb.tiny.DEFAULT_SFT_CONFIG, "stop_at_accuracy", 0.5)
+    assert rms.tiny_reward_model_path() != before
 
 
 def test_default_tiny_reward_model_ranks_held_out_pairs():
