@@ -8,11 +8,12 @@ prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool call
 ranks and the reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference models),
 `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling` (group filters, dynamic sampling),
 `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO, REINFORCE, DAPO, GSPO, REINFORCE++),
-`rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints`
-(crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the same loop),
-`rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model), `rlnb.experiments` (papermill runs
-and sweeps on any executor, `load_sweep`, `plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep` command),
-`rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer)."""
+`rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch` (the sampler/trainer mismatch: TIS, MIS,
+IcePop), `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train`
+and its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
+built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`),
+`rlnb.cli` (the `rlnb run` / `rlnb sweep` command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the
+token-level rollout viewer)."""
 
 __version__ = "0.0.1"
 
@@ -36,6 +37,7 @@ from .algorithms import *
 from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ in ALGORITHMS
 from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
+from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
 from .loggers import *
 from .checkpoints import *
 from .training import *
