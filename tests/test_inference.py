@@ -292,8 +292,9 @@ def test_tools_never_eval_and_time_out():
     calls = extract_tool_calls('<tool_call>{"name": "sleep", "arguments": {}}</tool_call>'
                                '<tool_call>__import__("os").system("x")</tool_call>')
     t0 = time.time()
-    res = execute_tools(calls, tools={"sleep": lambda: time.sleep(3)}, timeout_s=0.1)
-    assert time.time() - t0 < 1.5
+    # 1 s: long enough for a fork on a loaded 2-core machine, far shorter than the 10 s sleep it must cut
+    res = execute_tools(calls, tools={"sleep": lambda: time.sleep(10)}, timeout_s=1.0)
+    assert time.time() - t0 < 5
     assert res[0]["error"].startswith("TimeoutError") and "invalid JSON" in res[1]["error"]
 
 

@@ -44,6 +44,8 @@ PUBLIC = {
     "dpo": "compute_dpo_pairs compute_dpo_loss dpo_loss",
     "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages "
            "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
+    "mismatch": "mismatch_metrics rollout_correction ROLLOUT_CORRECTIONS apply_rollout_correction "
+                "ROLLOUT_CORRECTION_LEVELS sampler_copy create_hf_generator",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
                "create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
