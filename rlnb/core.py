@@ -138,6 +138,11 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
+    generator: str = "hf"  # the sampler: "hf" (transformers on the policy) or "hf_bf16" (on a bfloat16 copy)
+    rollout_correction: str = "none"  # sampler/trainer mismatch correction: a key of rlnb.ROLLOUT_CORRECTIONS
+    rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
+    rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
+    rollout_correction_high: float = 2.0  # icepop, geo_rs: ratios above it are dropped
     dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
     over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
@@ -291,7 +296,8 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "temperature": (0, False), "max_new_tokens": (1, True), "learning_rate": (0, False), "warmup_steps": (0, True),
     "weight_decay": (0, True), "max_grad_norm": (0, True), "lora_r": (0, True), "updates_per_batch": (1, True),
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
-    "max_seconds": (0, False), "num_threads": (1, True),
+    "max_seconds": (0, False), "num_threads": (1, True), "rollout_correction_cap": (0, False),
+    "rollout_correction_low": (0, False), "rollout_correction_high": (0, False),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
 # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends; public because
 # other checks share it (e.g. $RLNB_NUM_THREADS gets num_threads' range)
@@ -306,7 +312,7 @@ _MAX_ROWS = 65_536
 # does was mangled on its way in; `.search(name)` finds the first
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
-            "task_format": ("auto", "plain", "chat")}
+            "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16")}
 
 # %% ../nbs/10_core.ipynb #cfa1b002
 def _field_value(name: str, value, annotation: str):
@@ -403,6 +409,9 @@ def _check_combined(values: dict) -> None:
         raise ValueError(f"TrainingConfig: `beta` is given twice, as a field ({values['beta']!r}) and in "
                          f"algorithm_options ({options['beta']!r}); give it once")
     _check_sampling(values)
+    if values["rollout_correction_low"] >= values["rollout_correction_high"]:
+        raise ValueError("TrainingConfig: `rollout_correction_low` must be below `rollout_correction_high`, "
+                         f"got {values['rollout_correction_low']!r} and {values['rollout_correction_high']!r}")
 
 # %% ../nbs/10_core.ipynb #cfa1b006
 def _warn_ignored(values: dict, given: set) -> None:
@@ -416,6 +425,11 @@ def _warn_ignored(values: dict, given: set) -> None:
         warnings.warn(f"TrainingConfig: `warmup_steps`={values['warmup_steps']:,} is more than the run's {steps:,} "
                       "optimizer steps (num_iterations x updates_per_batch): the learning rate never reaches its "
                       "peak", stacklevel=3)
+    knobs = [k for k in ("rollout_correction_cap", "rollout_correction_low", "rollout_correction_high")
+             if values[k] != TrainingConfig._field_defaults[k]]
+    if knobs and values["rollout_correction"] == "none":
+        warnings.warn(f"TrainingConfig: {', '.join(knobs)} ignored: rollout_correction='none' corrects nothing",
+                      stacklevel=3)
 
 # %% ../nbs/10_core.ipynb #dad1f35a
 def warn_unsaved_checkpoints(
@@ -459,6 +473,7 @@ class CollatedBatch(NamedTuple):
     old_values: Tensor | None = None  # (B, C) value head at sampling time (no grad): PPO's V(s_t), set once per batch
     returns: Tensor | None = None  # (B, C) value-head regression targets (GAE: advantages + old_values), set with them
     values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
+    rollout_logprobs: Tensor | None = None  # (B, C) the sampler's log-probs (Generation.logprobs), if it gave them
 
 # %% ../nbs/10_core.ipynb #c0f06b84
 def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
@@ -521,6 +536,13 @@ def _loss_mask(
     return loss_mask * ((torch.arange(C)[None, :] <= first[:, None]) | explicit[:, None]).float()
 
 # %% ../nbs/10_core.ipynb #c0f06b04
+def _sampler_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | None:
+    "(B, C) each completion's `generation.logprobs`, 0 on padding; None unless every rollout has one per token."
+    lps = [getattr(r.generation, "logprobs", None) for r in rollouts]
+    if any(lp is None or len(lp) != len(r.token_ids) for lp, r in zip(lps, rollouts)): return None
+    return _pad([torch.as_tensor(list(lp), dtype=torch.float32) for lp in lps], 0.0, min_len=C).to(device)
+
+
 def collate(
     rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
     pad_token_id: int,  # id written into padding positions (may equal the EOS id)
@@ -553,7 +575,8 @@ def collate(
         attention_mask=torch.cat([prompt_mask, completion_mask.long()], 1).to(device),
         completion_ids=completion_ids.to(device), completion_mask=completion_mask.to(device),
         loss_mask=loss_mask.to(device), rewards=_reward_tensor(rollouts).to(device), group_ids=groups.to(device),
-        old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1])
+        old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1],
+        rollout_logprobs=_sampler_logprobs(rollouts, C, device))
 
 # %% ../nbs/10_core.ipynb #f6678500
 def check_seed(

@@ -25,6 +25,7 @@ from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create
                            split_prompts)
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
+from .mismatch import ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
                           load_metrics)
@@ -249,12 +250,14 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
                        cfg: TrainingConfig) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
+    # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again
+    rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None
     with torch.no_grad():
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
             old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
                                                       micro_batch_size=size, value_head=head)
             cb = cb._replace(old_logprobs=old if cb.old_logprobs is None else cb.old_logprobs, old_values=values)
-        elif cb.old_logprobs is None and cfg.updates_per_batch > 1:
+        elif cb.old_logprobs is None and rescore:
             cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(
                 model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
         if cb.ref_logprobs is None and state.ref_model is not None:
@@ -262,6 +265,20 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
                 state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
         if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
     return cb
+
+
+def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -> tuple[CollatedBatch, dict]:
+    "The sampler/trainer mismatch, measured when the sampler gave its log-probs, and corrected if the config asks."
+    if cb.rollout_logprobs is None or cb.old_logprobs is None:
+        if cfg.rollout_correction != "none":
+            raise ValueError(f"{fn}: rollout_correction={cfg.rollout_correction!r} needs the sampler's log-probs, "
+                             "but the generator returned none (Generation.logprobs); return them, or set it to 'none'")
+        return cb, {}
+    weights, kept, metrics = rollout_correction(cb.old_logprobs, cb.rollout_logprobs, cb.loss_mask,
+                                                cfg.rollout_correction, cfg.rollout_correction_cap,
+                                                cfg.rollout_correction_low, cfg.rollout_correction_high)
+    if cfg.rollout_correction != "none": cb = apply_rollout_correction(cb, weights, kept, algo)
+    return cb, metrics
 
 # %% ../nbs/42_training.ipynb #1ebec406
 def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: Mapping, kl_fn: Callable | None,
@@ -334,6 +351,7 @@ def training_step(
     if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs
     head = state.value_head if spec is not None and spec.value_head else None
     cb = _shared_quantities(state, cb, algo, spec, head, cfg)  # 3.
+    cb, mismatch = _corrected(cb, algo, cfg, fn)  # the sampler's tokens reweighted or dropped, if asked
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
@@ -341,6 +359,7 @@ def training_step(
         state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, cfg, step_fn, update == 0, fn)
         per_update.append(metrics)
     stats = _step_stats(per_update, cb, raw_rewards, lr, algo)
+    stats = stats._replace(custom_metrics={**stats.custom_metrics, **mismatch})
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
 
 # %% ../nbs/42_training.ipynb #06b4e87b
@@ -640,6 +659,17 @@ def _check_combination(hooks: dict, model, tokenizer, initial_state, prompts, sy
         raise ValueError(f"{fn}: pass `prompts` or `prompt_loader`, not both")
 
 # %% ../nbs/42_training.ipynb #62611f00
+def _check_sampler(config: TrainingConfig, hooks: dict, fn: str = "train") -> None:
+    "The sampler named once (config.generator or a `generator` hook) and a correction rlnb.ROLLOUT_CORRECTIONS knows."
+    if config.rollout_correction not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"{fn}: rollout_correction={config.rollout_correction!r} is not a key of "
+                         f"rlnb.ROLLOUT_CORRECTIONS: {', '.join(ROLLOUT_CORRECTIONS)}")
+    if config.generator != "hf" and (hooks["generator"] is not None or hooks["rollout_fn"] is not None):
+        hook = "generator" if hooks["generator"] is not None else "rollout_fn"
+        raise ValueError(f"{fn}: config.generator={config.generator!r} and a `{hook}` hook both choose the sampler; "
+                         "give one")
+
+
 def _checked_arguments(config: TrainingConfig, hooks: dict, logger, algorithm_config, model, tokenizer, initial_state,
                        prompts, system_prompt, progress, fn: str) -> list:
     "Every argument of `train` checked, alone and against the others, before anything loads; returns the loggers."
@@ -650,6 +680,7 @@ def _checked_arguments(config: TrainingConfig, hooks: dict, logger, algorithm_co
                  eval_fn=hooks["eval_fn"] is not None, algorithm_config=algorithm_config is not None)
     _check_objects(model, tokenizer, initial_state, system_prompt, progress, fn)
     _check_unused(config, given, fn)
+    _check_sampler(config, hooks, fn)
     warn_unsaved_checkpoints(config, hooks["checkpoint_fn"], fn)
     _check_combination(hooks, model, tokenizer, initial_state, prompts, system_prompt, fn)
     return loggers
@@ -748,6 +779,11 @@ def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | No
     return prompt_loader, buffer, source
 
 # %% ../nbs/42_training.ipynb #dd6a7360
+def _config_generator(config: TrainingConfig) -> Callable | None:
+    "The sampler `config.generator` names: None for transformers on the policy itself, else a `generator` hook."
+    return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
+
+
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
                       fn: str) -> Callable:
     "The rollout function (yours, or the default bound to the hooks), with the overlong penalty and dynamic sampling."
@@ -759,7 +795,8 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
             reward = add_overlong_penalty(reward, config.max_new_tokens, run["overlong_buffer"],
                                           run["overlong_penalty"])
         system = system_prompt if system_prompt is not None or task is None else task.system_prompt
-        generate, template = _checked_generator(hooks["generator"], fn), _checked_template_fn(hooks["template_fn"], fn)
+        generate = _checked_generator(hooks["generator"] or _config_generator(config), fn)
+        template = _checked_template_fn(hooks["template_fn"], fn)
         rollout_fn = create_rollout_fn(reward, generate, template, hooks["tool_parser"], system)
     elif run["overlong_buffer"]:
         raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "

@@ -22,6 +22,13 @@ CHANGES = {  # field -> a value different from BASE's (or the default)
     "learning_rate": 1e-3, "lr_schedule": "constant", "warmup_steps": 2, "weight_decay": 0.5, "max_grad_norm": 1e-4,
     "lora_r": 4, "updates_per_batch": 2, "micro_batch_size": 3, "seed": 1, "eval_every": 1, "eval_size": 1,
     "output_dir": "OUT", "checkpoint_every": 1, "resume": True, "max_seconds": 1e-6, "num_threads": 2,
+    "generator": "hf_bf16", "rollout_correction": "tis_token", "rollout_correction_cap": 1.001,
+    "rollout_correction_low": 0.999, "rollout_correction_high": 1.001,
+}
+NEEDS = {  # field -> the settings under which it acts (the run it must change is BASE with these)
+    "rollout_correction_cap": {"generator": "hf_bf16", "rollout_correction": "tis_token"},
+    "rollout_correction_low": {"generator": "hf_bf16", "rollout_correction": "icepop"},
+    "rollout_correction_high": {"generator": "hf_bf16", "rollout_correction": "icepop", "rollout_correction_low": 0.5},
 }
 
 
@@ -73,7 +80,7 @@ def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
         ignored = []
         for field, value in CHANGES.items():
             if field == "output_dir": value = str(tmp_path / "out")
-            extra = {"output_dir": str(tmp_path / field)} if field == "checkpoint_every" else {}
+            extra = {"output_dir": str(tmp_path / field)} if field == "checkpoint_every" else NEEDS.get(field, {})
             config = create_training_config(**{**BASE, **extra, field: value})
             try: changed = outcome(config, monkeypatch)
             except ValueError as e:
@@ -82,6 +89,8 @@ def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
                 continue
             if field == "checkpoint_every":
                 base_f = outcome(create_training_config(**BASE, output_dir=str(tmp_path / "cb")), monkeypatch)
+            elif field in NEEDS:
+                base_f = outcome(create_training_config(**{**BASE, **NEEDS[field]}), monkeypatch)
             else:
                 base_f = base
             if same(changed, base_f): ignored.append(field)

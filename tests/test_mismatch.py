@@ -279,3 +279,39 @@ def test_public_names_from_the_top_level():
     for name in ("mismatch_metrics", "rollout_correction", "ROLLOUT_CORRECTIONS", "apply_rollout_correction",
                  "ROLLOUT_CORRECTION_LEVELS", "sampler_copy", "create_hf_generator"):
         assert hasattr(rlnb, name), name
+
+
+def test_train_measures_and_corrects_the_mismatch():
+    "`generator='hf_bf16'` logs mismatch/* every step; a correction changes the update; its knobs are checked."
+    from rlnb import create_training_config, train
+    base = dict(num_iterations=2, prompts_per_step=4, group_size=4, eval_every=0, seed=1)
+    rows = {}
+    for corr in ("none", "tis_token"):
+        log = []
+        config = create_training_config(**base, generator="hf_bf16", rollout_correction=corr,
+                                        rollout_correction_cap=1.001 if corr != "none" else 2.0)
+        train(config, logger=lambda state, stats: log.append(stats.custom_metrics), progress=False)
+        rows[corr] = log
+        assert all(0 < r["mismatch/kl"] < 0.01 and r["mismatch/ratio_min"] < 1 < r["mismatch/ratio_max"] for r in log)
+    assert rows["none"][0]["mismatch/weight_mean"] == 1.0 and rows["tis_token"][0]["mismatch/weight_mean"] < 1.0
+    assert rows["none"][0]["loss/total"] != rows["tis_token"][0]["loss/total"]
+    with pytest.raises(ValueError, match="not a key of rlnb.ROLLOUT_CORRECTIONS"):
+        train(create_training_config(**base, rollout_correction="tis"), progress=False)
+    with pytest.raises(ValueError, match="rollout_correction_low"):
+        create_training_config(rollout_correction_low=2.0, rollout_correction_high=1.0)
+    with pytest.raises(ValueError, match="generator"):
+        create_training_config(generator="vllm-typo")
+
+
+def test_a_correction_needs_the_samplers_logprobs():
+    "A custom generator that returns no log-probs cannot be corrected: the error says what to return."
+    from rlnb import batch_generate, create_training_config, train
+
+    def plain(model, tokenizer, prompts, config):
+        return [g._replace(logprobs=None) for g in batch_generate(model, tokenizer, prompts, config)]
+    config = create_training_config(num_iterations=1, prompts_per_step=2, group_size=2, eval_every=0,
+                                    rollout_correction="icepop")
+    with pytest.raises(ValueError, match="needs the sampler's log-probs"):
+        train(config, generator=plain, progress=False)
+    with pytest.raises(ValueError, match="both choose the sampler"):
+        train(config._replace(generator="hf_bf16"), generator=plain, progress=False)
