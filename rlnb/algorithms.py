@@ -126,7 +126,7 @@ def advantages_2d(
 
 # %% ../nbs/30_algorithms.ipynb #78b1fdf1
 def _kl_function(fn: str, kl_fn) -> Callable | None:
-    "`kl_fn` as a function: as given, or the estimator a name stands for ('k1', 'k2', 'k3': rlnb.kl.KL_ESTIMATORS)."
+    "`kl_fn` as a function: as given, or the estimator a name stands for (a key of rlnb.kl.KL_ESTIMATORS)."
     if kl_fn is None or callable(kl_fn): return kl_fn
     if isinstance(kl_fn, str) and kl_fn in KL_ESTIMATORS: return KL_ESTIMATORS[kl_fn]
     raise (ValueError if isinstance(kl_fn, str) else TypeError)(
@@ -138,7 +138,7 @@ def token_kl(
     logprobs: Tensor,  # (B, C) log-probs of the sampled tokens under the policy (with grad for a loss term)
     ref_logprobs: Tensor,  # (B, C) the same tokens under the reference
     mask: Tensor,  # (B, C) bool: the tokens that count
-    kl_fn: Callable | str | None = None,  # (logprobs, ref_logprobs) -> (B, C), or "k1" / "k2" / "k3"; None = k3
+    kl_fn: Callable | str | None = None,  # (logprobs, ref_logprobs) -> (B, C), or a key of rlnb.KL_ESTIMATORS; None = k3
 ) -> Tensor:  # (B, C) float, 0 off the mask
     "Per-token KL for a loss term, 0 off the mask; padding is zeroed before `kl_fn` sees it, so no NaN gradient."
     kl_fn = _kl_function("policy loss", kl_fn)

@@ -16,11 +16,11 @@ from .core import is_peft_model
 from .logprobs import compute_logprobs_for_tokens
 
 # %% auto #0
-__all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_estimator', 'check_kl_values', 'compute_per_token_kl',
-           'compute_reverse_kl', 'compute_forward_kl', 'exact_kl_from_logits', 'compute_batch_kl',
-           'create_truncated_kl', 'create_adaptive_kl', 'create_kl_schedule', 'update_adaptive_kl_coef',
-           'AdapterDisabledRef', 'create_frozen_copy', 'create_reference_model', 'get_reference_logprobs',
-           'create_ema_updater', 'create_periodic_updater', 'update_reference_model']
+__all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_abs', 'kl_k3_plus', 'kl_estimator', 'check_kl_values',
+           'compute_per_token_kl', 'compute_reverse_kl', 'compute_forward_kl', 'exact_kl_from_logits',
+           'compute_batch_kl', 'create_truncated_kl', 'create_adaptive_kl', 'create_kl_schedule',
+           'update_adaptive_kl_coef', 'AdapterDisabledRef', 'create_frozen_copy', 'create_reference_model',
+           'get_reference_logprobs', 'create_ema_updater', 'create_periodic_updater', 'update_reference_model']
 
 # %% ../nbs/23_kl.ipynb #1448cd19
 def _check_same_shape(caller: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor | None = None):
@@ -63,11 +63,32 @@ def kl_k3(
     return (torch.expm1(log_r) - log_r).clamp_min(0.0)  # expm1 keeps precision when r is close to 1
 
 
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+# %% ../nbs/23_kl.ipynb #3c6b1aed
+def kl_abs(
+    logprobs: Tensor,  # (B, C) under the sampling policy p
+    ref_logprobs: Tensor,  # (B, C) under the reference q
+) -> Tensor:  # (B, C)
+    "|log p - log q|: >= 0 but biased above KL(p||q) (a token the reference prefers counts as distance too)."
+    _check_same_shape("kl_abs", logprobs, ref_logprobs)
+    return (logprobs.float() - ref_logprobs.float()).abs()
+
+# %% ../nbs/23_kl.ipynb #30307b85
+def kl_k3_plus(
+    logprobs: Tensor,  # (B, C) under the sampling policy p
+    ref_logprobs: Tensor,  # (B, C) under the reference q
+    log_ratio_clip: float = 10.0,  # as in kl_k3
+) -> Tensor:  # (B, C)
+    "k3's value with k2's gradient (straight-through): unbiased for KL(p||q) in value and in gradient."
+    k2 = kl_k2(logprobs, ref_logprobs)  # (B, C), carries the gradient
+    return kl_k3(logprobs, ref_logprobs, log_ratio_clip).detach() + (k2 - k2.detach())
+
+# %% ../nbs/23_kl.ipynb #5c3704e1
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "abs": kl_abs, "k3+": kl_k3_plus}
 
 
 def kl_estimator(
-    name: str = "k3",  # "k1", "k2" or "k3"
+    name: str = "k3",  # a key of KL_ESTIMATORS: "k1", "k2", "k3", "abs" or "k3+"
 ) -> Callable[[Tensor, Tensor], Tensor]:
     "The per-token estimator called `name`, a function (logprobs, ref_logprobs) -> (B, C)."
     if name not in KL_ESTIMATORS:

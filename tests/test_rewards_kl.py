@@ -127,3 +127,23 @@ def test_frozen_copy_gets_no_gradient_and_ema_math():
     assert not torch.equal(ref.lm_head.weight, policy.lm_head.weight)
     kl.update_reference_model(ref, policy, periodic, step=3)
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), policy.parameters()))
+
+
+def test_abs_and_k3_plus_estimators():
+    "abs: |log p - log q|, biased above; k3+: k3's value with k2's gradient (the reverse KL's, in expectation)."
+    from rlnb.kl import KL_ESTIMATORS, kl_abs, kl_k2, kl_k3, kl_k3_plus
+    lp = torch.tensor([[-1.0, -0.5, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -0.2, -2.0]])
+    assert KL_ESTIMATORS["abs"] is kl_abs and KL_ESTIMATORS["k3+"] is kl_k3_plus
+    torch.testing.assert_close(kl_abs(lp, ref), torch.tensor([[0.5, 0.3, 0.0]]))
+    torch.testing.assert_close(kl_k3_plus(lp, ref), kl_k3(lp, ref))
+    g_plus = torch.autograd.grad(kl_k3_plus(lp, ref).sum(), lp)[0]
+    g_k2 = torch.autograd.grad(kl_k2(lp, ref).sum(), lp)[0]
+    torch.testing.assert_close(g_plus, g_k2)
+    z = torch.randn(6, requires_grad=True)  # exact expectation over a 6-token vocabulary
+    lq = torch.log_softmax(torch.randn(6), 0)
+    lp6 = torch.log_softmax(z, 0)
+    expected = torch.autograd.grad((lp6.exp().detach() * kl_k3_plus(lp6[None], lq[None])[0]).sum(), z)[0]
+    lp6 = torch.log_softmax(z, 0)
+    reverse = torch.autograd.grad((lp6.exp() * (lp6 - lq)).sum(), z)[0]
+    torch.testing.assert_close(expected, reverse, atol=1e-6, rtol=1e-5)
