@@ -138,7 +138,7 @@ def token_kl(
     logprobs: Tensor,  # (B, C) log-probs of the sampled tokens under the policy (with grad for a loss term)
     ref_logprobs: Tensor,  # (B, C) the same tokens under the reference
     mask: Tensor,  # (B, C) bool: the tokens that count
-    kl_fn: Callable | str | None = None,  # (logprobs, ref_logprobs) -> (B, C), or a key of rlnb.KL_ESTIMATORS; None = k3
+    kl_fn: Callable | str | None = None,  # (logprobs, ref_logprobs) -> (B, C), or a KL_ESTIMATORS key; None = k3
 ) -> Tensor:  # (B, C) float, 0 off the mask
     "Per-token KL for a loss term, 0 off the mask; padding is zeroed before `kl_fn` sees it, so no NaN gradient."
     kl_fn = _kl_function("policy loss", kl_fn)
