@@ -25,7 +25,7 @@ from .rewards import call_reward_fn, check_scalar_reward, check_vector_reward
 # %% auto #0
 __all__ = ['check_ordered', 'prompt_inputs', 'checked_reward', 'score_rollouts', 'create_batch_rollouts', 'rollouts_to_dataframe',
            'create_rollout', 'create_rollout_fn', 'DataBuffer', 'create_prompt_loader', 'split_prompts',
-           'greedy_rollouts', 'evaluate_accuracy', 'create_eval_fn']
+           'greedy_rollouts', 'evaluate_accuracy', 'create_eval_fn', 'pass_at_k']
 
 # %% ../nbs/24_rollouts.ipynb #1a9ac6df
 def _unordered(x) -> bool:
@@ -405,3 +405,23 @@ def create_eval_fn(
         if form is not None: metrics["eval/format"] = sum(bool(form(t)) for t in texts) / len(texts)
         return metrics
     return eval_fn
+
+# %% ../nbs/24_rollouts.ipynb #dd7a7ad5
+def pass_at_k(
+    n: int,  # samples drawn per question
+    c,  # how many of them were right: an int, or a (N,) tensor of counts, one per question
+    k: int,  # the number of tries, 1 <= k <= n
+):  # a float, or a (N,) float64 tensor: the estimated chance that one of k tries is right
+    "Unbiased pass@k from n samples of which c are right: 1 - C(n-c, k) / C(n, k), computed as a stable product."
+    fn = "pass_at_k"
+    for name, v in (("n", n), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{fn}: `{name}` must be an int >= 1, got {v!r}")
+    if k > n: raise ValueError(f"{fn}: `k`={k} is larger than `n`={n}: k tries need at least k samples")
+    counts = torch.as_tensor(c, dtype=torch.float64)  # () or (N,)
+    if counts.ndim > 1 or not torch.isfinite(counts).all() or (counts != counts.round()).any() \
+            or (counts < 0).any() or (counts > n).any():
+        raise ValueError(f"{fn}: `c` must be whole counts between 0 and n={n} (an int or a (N,) tensor), got {c!r}")
+    i = torch.arange(n - k + 1, n + 1, dtype=torch.float64)  # (k,)
+    out = 1 - (1 - counts[..., None] / i).clamp(min=0).prod(-1)  # () or (N,); a factor <= 0: fewer than k wrong
+    return float(out) if counts.ndim == 0 else out
