@@ -41,7 +41,7 @@ def compute_grpo_advantages(
     ids = resolve_group_ids(fn, len(r), group_ids, group_size, device=r.device)
     if advantage_fn is not None: return advantage_fn(r, ids)
     if scale not in _SCALES: raise ValueError(f"{fn}: `scale`={scale!r}, expected one of {_SCALES}")
-    if not 0 <= eps < math.inf: raise ValueError(f"{fn}: `eps` must be a finite number >= 0, got {eps!r}")
+    check_finite_number(fn, "eps", eps)  # a finite number >= 0
     stats = group_stats(r, ids, unbiased=True)  # per group: mean (exact when all equal), sample std (n - 1)
     centered = r - stats.mean[stats.index]  # (B,); exactly 0 in a group whose rewards are all equal
     if scale == "none": return centered
@@ -92,6 +92,8 @@ def aggregate_loss(
     max_completion_length: int | None = None,  # L_max for "constant" (default: C); ignored otherwise
 ) -> Tensor:  # scalar
     "Average per-token losses into one scalar the way `aggregation` says."
+    check_2d("aggregate_loss", "per_token_loss", per_token_loss)
+    check_2d("aggregate_loss", "loss_mask", loss_mask, tuple(per_token_loss.shape), like="per_token_loss")
     if callable(aggregation): return aggregation(per_token_loss, loss_mask)
     m = loss_mask.to(per_token_loss.dtype)
     masked = torch.where(m > 0, per_token_loss * m, torch.zeros_like(per_token_loss))  # (B, C); no NaN*0

@@ -34,10 +34,10 @@ def check_finite(
     fn: str,  # the function being called, which starts the message
     name: str,  # the argument's name as that function spells it
     x: Tensor,  # the tensor to check (any shape)
-    keep: Tensor | None = None,  # bool, shaped like `x`: the entries that must be finite; None: all of them
+    keep: Tensor | None = None,  # shaped like `x`, bool or 0/1 (a loss mask): the entries that must be finite; None: all
 ) -> None:
     "`x` must be finite where `keep` is true (everywhere when None): a ValueError naming the first bad position."
-    bad = ~torch.isfinite(x.detach()) if keep is None else keep & ~torch.isfinite(x.detach())
+    bad = ~torch.isfinite(x.detach()) if keep is None else (keep != 0) & ~torch.isfinite(x.detach())
     if bad.any():
         raise ValueError(f"{fn}: `{name}` must be finite on the tokens that count; "
                          f"NaN or inf at {bad.nonzero()[0].tolist()}")

@@ -91,7 +91,7 @@ class Rollout(NamedTuple):
     prompt_token_ids: Sequence[int] = ()  # conditioning tokens
     token_ids: Sequence[int] = ()  # completion tokens (policy tokens and, in multi-turn, tool output)
     loss_mask: Sequence[int] | None = None  # 1 where the policy produced the token; None = all ones
-    logprobs: Sequence[float] | None = None  # per completion token, under the sampling (old) policy
+    logprobs: Sequence[float] | None = None  # per completion token, the trainer's (old policy; a sampler's: generation)
     ref_logprobs: Sequence[float] | None = None  # per completion token, under the reference model
     rewards: float | Sequence[float] = 0.0  # scalar reward, or a vector of reward components
     reward_metadata: dict | None = None  # e.g. each component's name and value
@@ -466,7 +466,7 @@ class CollatedBatch(NamedTuple):
     loss_mask: Tensor  # (B, C) float, 1 on tokens the policy generated (through the first EOS)
     rewards: Tensor  # (B,) float, or (B, K) for K-component vector rewards
     group_ids: Tensor  # (B,) long, -1 where a rollout has no group
-    old_logprobs: Tensor | None  # (B, C) float or None: sampling-time log-probs
+    old_logprobs: Tensor | None  # (B, C) float or None: the old policy's log-probs, as the trainer computes them
     ref_logprobs: Tensor | None  # (B, C) float or None: reference log-probs
     prompt_length: int  # P: the column where completions start
     advantages: Tensor | None = None  # (B,) or (B, C): set once per batch by training_step, before any micro-batch
