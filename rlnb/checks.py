@@ -34,7 +34,7 @@ def check_finite(
     fn: str,  # the function being called, which starts the message
     name: str,  # the argument's name as that function spells it
     x: Tensor,  # the tensor to check (any shape)
-    keep: Tensor | None = None,  # shaped like `x`, bool or 0/1 (a loss mask): the entries that must be finite; None: all
+    keep: Tensor | None = None,  # like `x`, bool or 0/1 (a loss mask): where it must be finite; None: everywhere
 ) -> None:
     "`x` must be finite where `keep` is true (everywhere when None): a ValueError naming the first bad position."
     bad = ~torch.isfinite(x.detach()) if keep is None else (keep != 0) & ~torch.isfinite(x.detach())
