@@ -143,6 +143,7 @@ class TrainingConfig(NamedTuple):
     rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
     rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
     rollout_correction_high: float = 2.0  # icepop, geo_rs: ratios above it are dropped
+    off_policy_steps: int = 0  # 0: sample with the current weights; 1: sample the next batch while this one trains
     dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
     over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
@@ -297,7 +298,7 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "weight_decay": (0, True), "max_grad_norm": (0, True), "lora_r": (0, True), "updates_per_batch": (1, True),
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
     "max_seconds": (0, False), "num_threads": (1, True), "rollout_correction_cap": (0, False),
-    "rollout_correction_low": (0, False), "rollout_correction_high": (0, False),
+    "rollout_correction_low": (0, False), "rollout_correction_high": (0, False), "off_policy_steps": (0, True),
     "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
 # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends; public because
 # other checks share it (e.g. $RLNB_NUM_THREADS gets num_threads' range)
@@ -305,7 +306,7 @@ CONFIG_MAXIMA = {
     "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 10_000,
     "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
     "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
-    "beta": 1e6, "temperature": 100.0}
+    "beta": 1e6, "temperature": 100.0, "off_policy_steps": 1}
 # prompts_per_step x group_size: completions sampled per iteration, each with (C, vocabulary) logits in training
 _MAX_ROWS = 65_536
 # C0 and C1 control characters (NUL, newline, escape, ...): no model name, hub id or folder holds one, so a name that

@@ -254,10 +254,10 @@ def create_rollout_fn(
 ) -> Callable:
     "Default `rollout_fn(model, tokenizer, prompts, config) -> Batch`: `create_batch_rollouts` with these hooks bound."
     def rollout_fn(model, tokenizer, prompts, config: TrainingConfig) -> Batch:
-        # a correction of the sampler/trainer mismatch needs the sampler's own log-probs
+        # the sampler's own log-probs: a mismatch correction needs them; an off-policy run measures its lag
         gen_config = GenerationConfig(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                       num_return_sequences=config.group_size,
-                                      logprobs=config.rollout_correction != "none")
+                                      logprobs=config.rollout_correction != "none" or config.off_policy_steps > 0)
         return create_batch_rollouts(model, tokenizer, prompts, gen_config, reward_fn=reward_fn,
                                      tool_parser=tool_parser, batch_size=batch_size, system_prompt=system_prompt,
                                      generator=generator, template_fn=template_fn)

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/42_training.ipynb #24c6f21f
 from __future__ import annotations
-import contextlib, functools, inspect, json, math, numbers, os, reprlib, time, warnings
+import concurrent.futures, contextlib, functools, inspect, json, math, numbers, os, reprlib, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -16,7 +16,8 @@ from torch import Tensor
 
 from .core import (Batch, CollatedBatch, Conversation, Generation, GenerationConfig, ModelConfig, TrainingConfig,
                        TrainingState, TrainingStats, collate, create_training_config, env_num_threads, group_stats,
-                       is_peft_model, model_device, pad_token_id, set_seed, warn_unsaved_checkpoints)
+                       from_jsonable, is_peft_model, model_device, pad_token_id, set_seed, to_jsonable,
+                       warn_unsaved_checkpoints)
 from .tasks import Task, get_task, task_for_policy
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens
@@ -25,7 +26,8 @@ from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create
                            split_prompts)
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
-from .mismatch import ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction
+from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction,
+                           sampler_copy)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
                           load_metrics)
@@ -411,10 +413,11 @@ def training_iteration(
     ref_model_update_fn: Callable | None = None,  # (ref_model, policy, step) -> ref_model, after the update
     optimizer_step_fn: Callable | None = None,  # see training_step
     iteration_hook: Callable | None = None,  # (state, batch) -> None or a replacement Batch
+    batch: Batch | None = None,  # a batch sampled already (one-step off-policy); None = sample it here with rollout_fn
 ) -> tuple[TrainingState, Batch, TrainingStats]:
-    "Sample a batch with `rollout_fn`, then take a training step on it."
+    "Sample a batch with `rollout_fn` (unless one is given), then take a training step on it."
     t0 = time.perf_counter()
-    batch = rollout_fn(state.model, tokenizer, prompts, config)
+    if batch is None: batch = rollout_fn(state.model, tokenizer, prompts, config)
     if not isinstance(batch, Batch):
         raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
     t_rollout = time.perf_counter() - t0
@@ -720,7 +723,8 @@ def _algorithm(config: TrainingConfig, algorithm_config, loss_fn, fn: str) -> tu
 
 # %% ../nbs/42_training.ipynb #1fbb211e
 # not the model's name: a folder may move (the weights' shapes are checked when they load)
-_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r")
+_RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r",
+                 "off_policy_steps")
 
 
 def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, fn: str = "train") -> None:
@@ -925,7 +929,76 @@ def _warn_skipped(iteration: int, stats: TrainingStats, iteration_hook: Callable
     warnings.warn(f"{fn}: iteration {iteration} had nothing to train on: {why}; it was skipped (said once: more "
                   "skipped iterations are counted at the end of the run)")
 
+# %% ../nbs/42_training.ipynb #4b8a6028
+class _RolloutsAhead:
+    "The next iteration's batch, sampled in a thread from a frozen copy of the weights while this iteration trains."
+
+    def __init__(self, rollout_fn: Callable, tokenizer, config: TrainingConfig):
+        self.rollout_fn, self.tokenizer, self.config = rollout_fn, tokenizer, config
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlnb-rollouts")
+        self.pending = None  # (iteration, future of (batch, seconds sampling))
+
+    def _sample(self, snapshot, prompts) -> tuple[Batch, float]:
+        t0 = time.perf_counter()
+        batch = self.rollout_fn(snapshot, self.tokenizer, prompts, self.config)
+        if not isinstance(batch, Batch):
+            raise TypeError(f"train: `rollout_fn` must return a Batch, got {type(batch).__name__}")
+        return batch, time.perf_counter() - t0
+
+    def start(self, model, prompts, iteration: int) -> None:
+        "Sample `iteration`'s batch from the weights as they are now."
+        snapshot = sampler_copy(model, torch.float32)  # its own tensors: the update cannot reach them
+        self.pending = (iteration, self.pool.submit(self._sample, snapshot, prompts))
+
+    def put(self, iteration: int, batch: Batch) -> None:
+        "A batch sampled before a checkpoint, for a resumed run."
+        done = concurrent.futures.Future()
+        done.set_result((batch, 0.0))
+        self.pending = (iteration, done)
+
+    def take(self, iteration: int) -> tuple[Batch, float, float] | None:
+        "(`iteration`'s batch, seconds it took to sample, seconds waited for it), or None if none was started."
+        if self.pending is None or self.pending[0] != iteration: return None
+        t0 = time.perf_counter()
+        batch, sampling_s = self.pending[1].result()
+        self.pending = None
+        return batch, sampling_s, time.perf_counter() - t0
+
+    def saved_with(self, state: TrainingState) -> TrainingState:
+        "`state` with the batch being sampled in its metadata (waited for), so a checkpoint of it resumes exactly."
+        if self.pending is None: return state
+        iteration, future = self.pending
+        batch = future.result()[0]
+        pending = to_jsonable({"iteration": iteration, "rollouts": list(batch.rollouts),
+                               "batch_metadata": batch.batch_metadata})
+        return state._replace(metadata={**(state.metadata or {}), "pending_batch": pending})
+
 # %% ../nbs/42_training.ipynb #224b880d
+def _sampled_ahead(ahead: _RolloutsAhead, state: TrainingState, prompt_loader: Callable,
+                   config: TrainingConfig) -> tuple[Batch, dict]:
+    "This iteration's batch (sampled during the last one, or now if none was), with the next one started."
+    it = state.iteration
+    got = ahead.take(it)
+    if got is None:  # the first iteration: nothing was sampled ahead yet
+        ahead.start(state.model, _next_prompts(prompt_loader, it), it)
+        got = ahead.take(it)
+    if it + 1 < config.num_iterations:  # from the weights before this update: one step stale when it trains
+        ahead.start(state.model, _next_prompts(prompt_loader, it + 1), it + 1)
+    batch, sampling_s, waited_s = got
+    return batch, {"time/rollout_s": waited_s, "time/sampling_s": sampling_s}
+
+
+def _restored_pending(state: TrainingState, ahead: _RolloutsAhead | None) -> TrainingState:
+    "A resumed off-policy run starts from the batch its checkpoint kept (taken out of the metadata)."
+    meta = dict(state.metadata or {})
+    pending = meta.pop("pending_batch", None)
+    if pending is None: return state
+    if ahead is not None:
+        saved = from_jsonable(pending)
+        ahead.put(saved["iteration"], Batch(saved["rollouts"], saved["batch_metadata"]))
+    return state._replace(metadata=meta)
+
+
 def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
           ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
           stop_fn) -> TrainingState:
@@ -937,25 +1010,33 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
         return st.custom_metrics
     if eval_fn is not None and config.eval_every and state.iteration == 0 and config.num_iterations > 0:
         evaluate(state)
+    ahead = _RolloutsAhead(rollout_fn, tokenizer, config) if config.off_policy_steps else None
+    state = _restored_pending(state, ahead)
     t0, skipped = time.perf_counter(), 0
-    while state.iteration < config.num_iterations:
-        prompts = _next_prompts(prompt_loader, state.iteration)
-        state, batch, stats = training_iteration(state, prompts, tokenizer, config, rollout_fn, algo, loss_fn,
-                                                 reward_transform, kl_fn, ref_model_update_fn, optimizer_step_fn,
-                                                 iteration_hook)
-        if len(batch) == 0:  # nothing trained this time
-            skipped += 1
-            if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
-        emit(state, stats)
-        out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
-        done = state.iteration >= config.num_iterations or out_of_time
-        metrics = dict(stats.custom_metrics)
-        if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
-            metrics.update(evaluate(state))
-        stop = stop_fn is not None and _checked_stop(stop_fn(state, metrics))
-        every = config.checkpoint_every
-        if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
-            checkpoint_fn(state)
-        if done or stop: break
+    try:
+        while state.iteration < config.num_iterations:
+            prompts, batch, timing = None, None, {}
+            if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
+            else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
+            state, batch, stats = training_iteration(state, prompts, tokenizer, config, rollout_fn, algo, loss_fn,
+                                                     reward_transform, kl_fn, ref_model_update_fn,
+                                                     optimizer_step_fn, iteration_hook, batch=batch)
+            stats = stats._replace(custom_metrics={**stats.custom_metrics, **timing})
+            if len(batch) == 0:  # nothing trained this time
+                skipped += 1
+                if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
+            emit(state, stats)
+            out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
+            done = state.iteration >= config.num_iterations or out_of_time
+            metrics = dict(stats.custom_metrics)
+            if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
+                metrics.update(evaluate(state))
+            stop = stop_fn is not None and _checked_stop(stop_fn(state, metrics))
+            every = config.checkpoint_every
+            if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
+                checkpoint_fn(state if ahead is None else ahead.saved_with(state))
+            if done or stop: break
+    finally:
+        if ahead is not None: ahead.pool.shutdown(wait=True, cancel_futures=True)
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
     return state

@@ -23,7 +23,7 @@ CHANGES = {  # field -> a value different from BASE's (or the default)
     "lora_r": 4, "updates_per_batch": 2, "micro_batch_size": 3, "seed": 1, "eval_every": 1, "eval_size": 1,
     "output_dir": "OUT", "checkpoint_every": 1, "resume": True, "max_seconds": 1e-6, "num_threads": 2,
     "generator": "hf_bf16", "rollout_correction": "tis_token", "rollout_correction_cap": 1.001,
-    "rollout_correction_low": 0.999, "rollout_correction_high": 1.001,
+    "rollout_correction_low": 0.999, "rollout_correction_high": 1.001, "off_policy_steps": 1,
 }
 NEEDS = {  # field -> the settings under which it acts (the run it must change is BASE with these)
     "rollout_correction_cap": {"generator": "hf_bf16", "rollout_correction": "tis_token"},
