@@ -1,8 +1,9 @@
 """Sampling speed of vLLM (rlnb.engines.create_vllm_generator) against transformers' generate (rlnb.batch_generate):
 the same prompts and settings through both, on SmolLM2-135M-Instruct (8 chat prompts x 8 samples, up to 64 new tokens)
-and on the tiny model (64 addition prompts x 8 samples, up to 16 tokens), temperature 1. Tokens counted are those
-returned (through EOS); each sampler is warmed up once, then the best of --repeats timed calls counts; vLLM's time
-includes the weight sync that precedes every call in training. Needs .venv-vllm (`bash scripts/install.sh vllm`).
+and on the tiny model (64 chat-formatted addition prompts x 8 samples, up to 16 tokens), temperature 1. Tokens
+counted are those returned (through EOS); each sampler is warmed up once, then the best of --repeats timed calls
+counts; vLLM's time includes the weight sync that precedes every call in training.
+Needs .venv-vllm (`bash scripts/install.sh vllm`).
 
     .venv-vllm/bin/python benchmarks/vllm_sampling.py                        # float32 both, 1 thread, ~3 minutes
     .venv-vllm/bin/python benchmarks/vllm_sampling.py --dtype bfloat16       # the engine in bf16 (trainer float32)
@@ -53,7 +54,9 @@ def main(argv=None):
             config = GenerationConfig(max_new_tokens=64, num_return_sequences=8)
         else:
             model, tok = load_tiny_model(progress=False)
-            prompts = [f"{a}+{b}=" for a, b in zip(range(10, 74), range(74, 10, -1))]
+            prompts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{b}="}], tokenize=False,
+                                               add_generation_prompt=True)  # the format the tiny model was trained on
+                       for a, b in zip(range(10, 74), range(74, 10, -1))]
             config = GenerationConfig(max_new_tokens=16, num_return_sequences=8)
         start = time.perf_counter()
         engine = create_vllm_generator(model, dtype=args.dtype)
