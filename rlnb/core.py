@@ -138,7 +138,7 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
-    generator: str = "hf"  # the sampler: "hf" (transformers on the policy), "hf_bf16" (a bfloat16 copy) or "vllm"
+    generator: str = "hf"  # the sampler: "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16"
     rollout_correction: str = "none"  # sampler/trainer mismatch correction: a key of rlnb.ROLLOUT_CORRECTIONS
     rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
     rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
@@ -313,7 +313,7 @@ _MAX_ROWS = 65_536
 # does was mangled on its way in; `.search(name)` finds the first
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
-            "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16", "vllm")}
+            "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16")}
 
 # %% ../nbs/10_core.ipynb #cfa1b002
 def _field_value(name: str, value, annotation: str):

@@ -47,7 +47,8 @@ def mismatch_metrics(
                                 log_ratio.abs().max()]).tolist() if keep.any() else [1.0, 1.0, 0.0]
         means = masked_means(keep, **{"mismatch/kl": ratio - log_ratio - 1, "mismatch/ratio_mean": ratio,
                                       "mismatch/logprob_abs_diff": log_ratio.abs()})
-    return {"mismatch/kl": means["mismatch/kl"], "mismatch/ratio_min": extremes[0],
+    # k3 is >= 0 token by token: a mean a hair below 0 is rounding
+    return {"mismatch/kl": max(means["mismatch/kl"], 0.0), "mismatch/ratio_min": extremes[0],
             "mismatch/ratio_mean": means["mismatch/ratio_mean"] if keep.any() else 1.0,
             "mismatch/ratio_max": extremes[1], "mismatch/logprob_abs_diff": means["mismatch/logprob_abs_diff"],
             "mismatch/logprob_abs_diff_max": extremes[2]}

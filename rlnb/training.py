@@ -785,9 +785,9 @@ def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | No
 # %% ../nbs/42_training.ipynb #dd6a7360
 def _config_generator(config: TrainingConfig) -> Callable | None:
     "The sampler `config.generator` names: None for transformers on the policy itself, else a `generator` hook."
-    if config.generator == "vllm":
+    if config.generator in ("vllm", "vllm_bf16"):
         from rlnb.engines import create_vllm_generator  # imports vLLM, an optional extra: only when asked for
-        return create_vllm_generator()
+        return create_vllm_generator(dtype="bfloat16" if config.generator == "vllm_bf16" else "float32")
     return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
 
 
