@@ -1,18 +1,20 @@
 """Reinforcement learning for LLM post-training, taught and built in notebooks
 
-`TrainingConfig`, shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache` (folders built once),
-`rlnb.tasks` (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers, `MODEL_LOADERS`, LoRA),
+Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
+shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache` (folders built once), `rlnb.tasks`
+(verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers, `MODEL_LOADERS`, LoRA),
 `rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.generation`
 (batched sampling, shared prompt prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls),
 `rlnb.rewards` (rewards, Pareto ranks and the reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL
-estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling` (group
-filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO, REINFORCE,
-DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch` (the
-sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints` (crash-safe
-checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.engines` (vLLM as
-the sampler, weight sync), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model),
-`rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`), `rlnb.cli` (the `rlnb run` /
-`rlnb sweep` command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer)."""
+estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
+(group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO,
+REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch`
+(the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints`
+(crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the same loop),
+`rlnb.engines` (vLLM as the sampler, weight sync), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
+built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`),
+`rlnb.cli` (the `rlnb run` / `rlnb sweep` command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer`
+(the token-level rollout viewer)."""
 
 __version__ = "0.0.1"
 
