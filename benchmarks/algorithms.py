@@ -49,6 +49,15 @@ SETTINGS: dict[str, dict] = {
     "dpo": dict(learning_rate=1e-3, group_size=8, micro_batch_size=None),
     # GRPO's clipped loss with GAE advantages and a value head (vf_coef 0.1, lambda 0.95, no KL)
     "ppo": dict(learning_rate=2e-3),
+    # the policy losses of nbs/35_policy_losses.ipynb, with GRPO's learning rate (not tuned separately): CISPO (the
+    # weight clipped, detached), SAPO (sigmoid gate), GMPO (geometric mean), DPPO (TV trust region, Dr. GRPO's
+    # advantages and averaging, like dr_grpo), Clip-Cov and KL-Cov (the high-covariance tokens)
+    "cispo": dict(learning_rate=2e-3),
+    "sapo": dict(learning_rate=2e-3),
+    "gmpo": dict(learning_rate=2e-3),
+    "dppo": dict(learning_rate=2e-3),
+    "clip_cov": dict(learning_rate=2e-3),
+    "kl_cov": dict(learning_rate=2e-3),
 }
 
 

@@ -252,8 +252,10 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
                        cfg: TrainingConfig) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
-    # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again
-    rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None
+    # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again;
+    # so it does when the advantages need them (Clip-Cov's covariance of log pi and A)
+    needs_old = spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters
+    rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None or needs_old
     with torch.no_grad():
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
             old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
