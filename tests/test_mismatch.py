@@ -212,8 +212,8 @@ def test_apply_refuses_what_it_cannot_do():
     w, kept, _ = rollout_correction(base.old_logprobs, roll, base.loss_mask, "tis_token")
     with pytest.raises(ValueError, match="'dpo' has no advantage to weight"):
         apply_rollout_correction(base, w, kept, create_algorithm_config("dpo"))
-    with pytest.raises(ValueError, match="no rollout-correction level for algorithm 'cispo'"):
-        apply_rollout_correction(base, w, kept, "cispo")
+    with pytest.raises(ValueError, match="no rollout-correction level for algorithm 'my_loss'"):
+        apply_rollout_correction(base, w, kept, "my_loss")
     with pytest.raises(ValueError, match="`batch.advantages` is None"):
         apply_rollout_correction(cb, w, kept, "grpo")
     with pytest.raises(ValueError, match="`weights` must be >= 0"):
