@@ -289,6 +289,24 @@ def test_micro_batches_give_the_full_batch_gradient(setting, name, options):  # 
                                    msg=lambda m: f"{name} {options} {key}: {m}")
 
 
+def test_each_loss_adds_up_over_row_splits_off_policy():
+    """Off-policy (ratio != 1, so clips, gates and masks act), the loss of a batch is the weighted sum of the losses of
+    its row blocks, with the weights training_step gives micro-batches: what makes accumulation exact. KL-Cov is left
+    out: its top tokens are picked among the rows it is given."""
+    lp, old, adv, msk = random_batch(21, B=8, C=6)
+    blocks = [slice(0, 3), slice(3, 4), slice(4, 8)]
+    cases = [(cispo_loss, dict(clip_eps=0.2, clip_eps_high=0.2)), (sapo_loss, {}), (gmpo_loss, dict(clip_eps=0.1)),
+             (dppo_loss, dict(clip_eps=0.05)), (dppo_loss, dict(clip_eps=0.01, divergence="binary_kl"))]
+    for fn, knobs in cases:
+        for agg in ("token_mean", "sequence_mean", "constant"):
+            full = fn(lp, old, adv, msk, aggregation=agg, **knobs)[0]
+            share = {"token_mean": lambda b: msk[b].sum() / msk.sum(), "sequence_mean": lambda b: len(range(8)[b]) / 8,
+                     "constant": lambda b: len(range(8)[b]) / 8}[agg]
+            parts = sum(share(b) * fn(lp[b], old[b], adv[b], msk[b], aggregation=agg, max_completion_length=6,
+                                      **knobs)[0] for b in blocks)
+            torch.testing.assert_close(parts, full, msg=lambda m: f"{fn.__name__} {agg}: {m}")
+
+
 # ---- in train, by name and switched to mid-run ----
 SMALL = dict(prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=0)
 
