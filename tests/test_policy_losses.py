@@ -327,3 +327,22 @@ def test_switching_from_grpo_to_each_key_mid_run():
                   algorithm_config=lambda it: create_algorithm_config(names[it]),
                   logger=lambda s, st: seen.append(st.custom_metrics["algorithm"]), progress=False)
     assert seen == names and state.global_step == len(names)
+
+
+@pytest.mark.slow
+def test_each_key_runs_in_the_papermill_notebook(tmp_path):
+    "The experiment notebook takes each key by name (and its options as algorithm_options), two iterations each."
+    import json
+    from pathlib import Path
+
+    import papermill as pm
+    root = Path(__file__).resolve().parent.parent
+    for name in KEYS:
+        out = tmp_path / name
+        options = {"tau_neg": 2.0} if name == "sapo" else None
+        pm.execute_notebook(str(root / "nbs" / "experiments" / "grpo_training.ipynb"), str(tmp_path / f"{name}.ipynb"),
+                            cwd=str(root), progress_bar=False,
+                            parameters=dict(output_dir=str(out), algorithm=name, algorithm_options=options,
+                                            num_iterations=2, prompts_per_step=4, eval_every=0, seed=0))
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [r["algorithm"] for r in rows if "reward/mean" in r] == [name, name], name
