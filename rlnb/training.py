@@ -29,6 +29,7 @@ from .ppo import add_value_head
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction,
                            sampler_copy)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
+from .baselines import create_greedy_baseline_rollout_fn  # ReMax: the greedy sample as baseline
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
                           load_metrics)
 from .cache import folder_lock
@@ -201,6 +202,7 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
 def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, float]:
     "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
     out = {}
+    if used.ndim == 2: used = used.sum(1)  # an algorithm that takes the vector (GDPO): its components' sum
     if raw.ndim == 2:
         out.update({f"reward/component_{k}": v for k, v in enumerate(raw.float().mean(0).tolist())})
         raw = used
@@ -237,10 +239,11 @@ def _checked_rewards(r, B: int, device, fn: str) -> Tensor:
     return t
 
 
-def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable | None, fn: str) -> CollatedBatch:
-    "The batch with its rewards through `reward_transform`: (B,) and finite, or a clear error."
+def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable | None, fn: str,
+                 vector_ok: bool = False) -> CollatedBatch:
+    "The batch with its rewards through `reward_transform`: (B,) and finite (or (B, K) if `vector_ok`), else an error."
     if reward_transform is None:
-        if cb.rewards.ndim == 2:
+        if cb.rewards.ndim == 2 and not vector_ok:
             raise ValueError(f"{fn}: rewards have {cb.rewards.shape[1]} components per rollout (a vector reward_fn); "
                              "pass reward_transform=create_reward_transform(weights=...) to turn them into one number")
         return cb
@@ -345,11 +348,12 @@ def training_step(
     step_fn, loss_fn = optimizer_step_fn or default_optimizer_step, loss_fn or compute_loss_by_algorithm
     cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
     raw_rewards = cb.rewards
-    cb = _transformed(cb, rollouts, reward_transform, fn)  # 2.
+    spec = ALGORITHMS.get(algo.get("name"))
+    # 2.; GDPO takes a vector reward as it is
+    cb = _transformed(cb, rollouts, reward_transform, fn, spec is not None and spec.run_defaults.get("vector_rewards"))
     # Dr. GRPO: the budget, not the longest row
     if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:
         algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
-    spec = ALGORITHMS.get(algo.get("name"))
     if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs
     head = state.value_head if spec is not None and spec.value_head else None
     cb = _shared_quantities(state, cb, algo, spec, head, cfg)  # 3.
@@ -791,9 +795,16 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
     return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
 
 
+def _needs_greedy_baseline(algo: Mapping | Callable, num_iterations: int) -> bool:
+    "Whether any iteration's algorithm asks for a greedy baseline (ReMax): a schedule is read at every iteration."
+    configs = [algo(i) for i in range(num_iterations)] if callable(algo) else [algo]
+    return any(ALGORITHMS[c["name"]].run_defaults.get("greedy_baseline", False) for c in configs
+               if isinstance(c, Mapping) and c.get("name") in ALGORITHMS)
+
+
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
-                      fn: str) -> Callable:
-    "The rollout function (yours, or the default bound to the hooks), with the overlong penalty and dynamic sampling."
+                      fn: str, greedy_baseline: bool = False) -> Callable:
+    "The rollout function (yours, or the default from the hooks) with ReMax's greedy pass, overlong penalty, filtering."
     rollout_fn = hooks["rollout_fn"]
     run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
     if rollout_fn is None:
@@ -805,6 +816,9 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
         generate = _checked_generator(hooks["generator"] or _config_generator(config), fn)
         template = _checked_template_fn(hooks["template_fn"], fn)
         rollout_fn = create_rollout_fn(reward, generate, template, hooks["tool_parser"], system)
+        if greedy_baseline:  # ReMax: each prompt's greedy completion, scored, as its rollouts' baseline
+            rollout_fn = create_greedy_baseline_rollout_fn(rollout_fn, reward, generate, template,
+                                                           hooks["tool_parser"], system)
     elif run["overlong_buffer"]:
         raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
                          "set overlong_buffer=0")
@@ -885,7 +899,8 @@ def train(
             if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
             prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
-            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn)
+            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn,
+                                           _needs_greedy_baseline(algo, config.num_iterations))
             if eval_fn is None and config.eval_every and not own_prompts:
                 eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
             loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,

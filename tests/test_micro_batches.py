@@ -29,7 +29,9 @@ def setting():
     assert len(set(lengths)) > 1, lengths  # rows of different lengths: token and row weights differ
     # distinct: every group pairs
     rewards = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(1)).tolist()
-    batch = batch._replace(rollouts=[r._replace(rewards=x) for r, x in zip(batch.rollouts, rewards)])
+    baselines = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(2)).tolist()  # ReMax's
+    batch = batch._replace(rollouts=[r._replace(rewards=x, metadata={**(r.metadata or {}), "baseline_reward": b})
+                                     for r, x, b in zip(batch.rollouts, rewards, baselines)])
     return policy, tok, batch
 
 
