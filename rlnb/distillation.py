@@ -8,7 +8,7 @@ Docs: https://rlnb.github.io/rlnb/distillation.html.md"""
 from __future__ import annotations
 import inspect
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +45,7 @@ def distillation_advantages(
 
 # %% ../nbs/39_distillation.ipynb #0e6f6f8e
 def opd_advantages(
-    rewards: Tensor,  # (B,) rewards: not used (only their number and device)
+    rewards: Tensor,  # (B,) rewards: not used (the teacher's log-probs are the signal)
     group_ids: Tensor,  # (B,) group labels: not used (opd compares each token with the teacher, not with a group)
     old_logprobs: Tensor | None = None,  # (B, C) the batch's field: log pi_student at sampling time
     teacher_logprobs: Tensor | None = None,  # (B, C) the batch's field: log pi_teacher of the same tokens
