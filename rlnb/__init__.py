@@ -40,6 +40,7 @@ from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
 from .baselines import *  # registers maxrl, gdpo, remax in ALGORITHMS
+from .distillation import *  # registers opd: on-policy distillation from a teacher's per-token log-probs
 from .loggers import *
 from .checkpoints import *
 from .training import *

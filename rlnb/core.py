@@ -133,6 +133,7 @@ class TrainingConfig(NamedTuple):
     algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
     algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
     beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
+    teacher: str | None = None  # a model to distill from (algorithm "opd"), named like `model`; same tokenizer
     num_iterations: int = 800  # rollout-then-update iterations
     prompts_per_step: int = 16  # distinct prompts per iteration
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
@@ -290,6 +291,7 @@ class TrainingState(NamedTuple):
     stats_history: tuple = ()  # TrainingStats of past steps
     metadata: dict | None = None  # e.g. the run's config
     value_head: Any = None  # PPO's value head (hidden (..., H) -> (..., 1)), trained with the policy; None without one
+    teacher: Any = None  # a frozen model on the policy's tokenizer whose log-probs distillation (opd) learns from
 
 # %% ../nbs/10_core.ipynb #bfee8ba5
 _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
@@ -476,6 +478,7 @@ class CollatedBatch(NamedTuple):
     values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
     rollout_logprobs: Tensor | None = None  # (B, C) the sampler's log-probs (Generation.logprobs), if it gave them
     baseline_rewards: Tensor | None = None  # (B,) a baseline reward per rollout (ReMax: its prompt's greedy sample's)
+    teacher_logprobs: Tensor | None = None  # (B, C) the teacher's log-probs of the sampled tokens, once per batch
 
 # %% ../nbs/10_core.ipynb #c0f06b84
 def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:

@@ -26,6 +26,7 @@ from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create
                            split_prompts)
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
+from .distillation import attach_teacher, teacher_metrics
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction,
                            sampler_copy)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
@@ -257,6 +258,8 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
     # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again
     rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None
+    # an advantage function that reads them (opd: the teacher's signal is measured against the sampling policy)
+    rescore = rescore or (spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters)
     with torch.no_grad():
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
             old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
@@ -268,6 +271,9 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
         if cb.ref_logprobs is None and state.ref_model is not None:
             cb = cb._replace(ref_logprobs=get_reference_logprobs(
                 state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
+        if cb.teacher_logprobs is None and state.teacher is not None:  # distillation: the teacher scores the tokens
+            cb = cb._replace(teacher_logprobs=get_reference_logprobs(
+                state.teacher, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
         if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
     return cb
 
@@ -302,6 +308,8 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
     if measure_kl and "kl/mean" not in metrics and mb.ref_logprobs is not None:  # a loss that does not measure the KL
         kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
         metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
+    if measure_kl and "teacher/reverse_kl" not in metrics and mb.teacher_logprobs is not None:  # any algorithm
+        metrics = {**metrics, **teacher_metrics(logprobs, mb.teacher_logprobs, mb.loss_mask)}
     return loss, metrics
 
 
@@ -748,7 +756,8 @@ def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metr
     _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
     if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
     loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
-    state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
+    state = loaded._replace(ref_model=state.ref_model, teacher=state.teacher,  # neither is in a checkpoint
+                            metadata={**(loaded.metadata or {}), "config": config})
     if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
         if "data_buffer" not in state.metadata:
             raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
@@ -878,6 +887,7 @@ def train(
     # (state, metrics) -> True to stop early (metrics include eval/ ones when evaluated)
     stop_fn: Callable | None = None,
     progress: bool = True,  # print a text progress line every ~10% of the run
+    teacher: torch.nn.Module | str | None = None,  # a model on the policy's tokenizer to distill from (opd)
 ) -> TrainingState:
     "Run rollout-then-update iterations until config.num_iterations, with evaluation, logging, checkpoints and resume."
     fn = "train"
@@ -891,10 +901,14 @@ def train(
     own_prompts = prompts is not None or prompt_loader is not None
     task = _run_task(config, hooks, own_prompts)
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
+    if teacher is not None and config.teacher is not None:
+        raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
         set_seed(config.seed)
         state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
+        teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
+        state = attach_teacher(state, tokenizer, teacher, first, config.dtype, fn)
         with _torch_threads(default_num_threads(state.model, config.num_threads)):
             if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)

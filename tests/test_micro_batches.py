@@ -47,7 +47,8 @@ def accumulated_grads(setting, name: str, options: dict, micro_batch_size):
         return 0.0
     torch.manual_seed(0)  # PPO's value head is created inside the step: the same initial head both times
     opt, _ = create_optimizer(policy, learning_rate=1e-3)
-    state = TrainingState(0, 0, policy, opt, None, ref_model=create_reference_model(policy))
+    ref = create_reference_model(policy)
+    state = TrainingState(0, 0, policy, opt, None, ref_model=ref, teacher=ref)  # opd distills from it; others measure
     training_step(state, batch, create_algorithm_config(name, **options), capture, tokenizer=tok,
                   config=TrainingConfig(micro_batch_size=micro_batch_size))
     return seen
