@@ -49,6 +49,10 @@ SETTINGS: dict[str, dict] = {
     "dpo": dict(learning_rate=1e-3, group_size=8, micro_batch_size=None),
     # GRPO's clipped loss with GAE advantages and a value head (vf_coef 0.1, lambda 0.95, no KL)
     "ppo": dict(learning_rate=2e-3),
+    # advantage baselines (rlnb.baselines), each with GRPO's clipped loss: GRPO's learning rate, not tuned separately
+    "maxrl": dict(learning_rate=2e-3),  # centred reward over the group mean
+    "gdpo": dict(learning_rate=2e-3),  # the task's scalar reward is one component: GRPO's advantages, batch z-scored
+    "remax": dict(learning_rate=2e-3),  # the greedy completion's reward as baseline (one greedy decode per prompt)
     # the policy losses of nbs/35_policy_losses.ipynb, with GRPO's learning rate (not tuned separately): CISPO (the
     # weight clipped, detached), SAPO (sigmoid gate), GMPO (geometric mean), DPPO (TV trust region, Dr. GRPO's
     # advantages and averaging, like dr_grpo), Clip-Cov and KL-Cov (the high-covariance tokens)

@@ -292,8 +292,10 @@ def finish_rlnb(ctx: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------------ TRL
-def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dict:
+def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None,
+            config_overrides: dict | None = None) -> dict:
     """TRL's GRPOTrainer on a fresh copy of the model (`load_policy`); per-step times and rewards from a callback.
+    `config_overrides`: more TRL config fields (benchmarks/vllm_step.py: use_vllm=True, vllm_mode="colocate").
     With `rlnb_ctx`, one rlnb step runs between TRL's steps (before TRL's odd steps, after its even ones), outside
     TRL's timed window, so both sides see the same machine load over time."""
     import torch
@@ -342,7 +344,7 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None) -> dic
         num_iterations=1, mask_truncated_completions=False, **algo_kw,
         shuffle_dataset=False, gradient_checkpointing=False, disable_dropout=True, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
-        remove_unused_columns=False)
+        remove_unused_columns=False, **(config_overrides or {}))
     peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules=targets,
                              bias="none", task_type="CAUSAL_LM")
     timer = Timer()

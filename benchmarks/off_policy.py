@@ -1,23 +1,32 @@
-"""One-step off-policy against the synchronous loop, on the tiny model: iterations per second and learning.
+"""One-step off-policy against the synchronous loop: iterations per second and learning, same seeds, same batches.
 
-    .venv/bin/python benchmarks/off_policy.py [--iterations 100] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/off_policy.py [--iterations 100] [--seeds 0 1 2]                 # the tiny model
+    .venv-vllm/bin/python benchmarks/off_policy.py --model smollm2 --generator vllm_bf16 --iterations 12 --seeds 0
 
-Each run is `train` with the README's defaults (GRPO, 16 prompts x 8 samples, LoRA) for `--iterations` iterations at
-a constant learning rate, once with `off_policy_steps=0` (sample, then update) and once with `off_policy_steps=1`
-(the next batch sampled in a thread while this one trains), one torch thread per side, so two cores can overlap
-them. Printed: seconds per iteration (after the first, which builds what is cached), the sampled reward over the last
-quarter, the final greedy accuracy on 64 held-out sums, and the off-policy run's mean mismatch KL (the lag).
+Each run is `train` for `--iterations` iterations at a constant learning rate, once with `off_policy_steps=0` (sample,
+then update) and once with `off_policy_steps=1` (the next batch sampled in a thread while this one trains), one torch
+thread per side, so two cores can overlap them. The tiny model runs the README's defaults (GRPO, 16 prompts x 8
+samples, LoRA); `--model smollm2` the chat task of chapter 45 (8 prompts x 8, 40 new tokens, T 0.7, lr 2e-4, micro-
+batches of 16). `--generator` picks the sampler (`TrainingConfig.generator`: hf, hf_bf16, vllm, vllm_bf16; the vLLM
+ones need .venv-vllm) and `--correction` the off-policy run's `rollout_correction`. Printed: seconds per iteration
+(after the first, which builds what is cached), the sampled reward over the last quarter, the final greedy accuracy on
+64 held-out prompts, and the mean mismatch KL (the sampler's own, plus the lag when off-policy).
 """
 import argparse, statistics, time
 
 from _common import setup_torch
 
+SMOLLM2 = dict(model="smollm2", prompts_per_step=8, group_size=8, max_new_tokens=40, temperature=0.7,
+               learning_rate=2e-4, micro_batch_size=16)  # chapter 45's run
 
-def run(seed: int, iterations: int, off: int) -> dict:
+
+def run(seed: int, iterations: int, off: int, args) -> dict:
     from rlnb import create_training_config, train
     rows, stamps = [], []
+    model = SMOLLM2 if args.model == "smollm2" else {}
     config = create_training_config(num_iterations=iterations, seed=seed, off_policy_steps=off, lr_schedule="constant",
-                                    eval_every=iterations, eval_size=64, num_threads=1)
+                                    eval_every=iterations, eval_size=64, num_threads=1, generator=args.generator,
+                                    rollout_correction=args.correction if off else "none", **model)
     train(config, logger=lambda s, st: (rows.append(st.custom_metrics), stamps.append(time.perf_counter())),
           progress=False)
     steps = [r for r in rows if "reward/mean" in r]
@@ -30,21 +39,24 @@ def run(seed: int, iterations: int, off: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
+    parser.add_argument("--generator", default="hf", choices=["hf", "hf_bf16", "vllm", "vllm_bf16"])
+    parser.add_argument("--correction", default="none", help="the off-policy run's rollout_correction")
     args = parser.parse_args()
     setup_torch(1)
-    results = {off: [run(seed, args.iterations, off) for seed in args.seeds] for off in (0, 1)}
+    results = {off: [run(seed, args.iterations, off, args) for seed in args.seeds] for off in (0, 1)}
     for off, rs in results.items():
-        name = "off-policy (1 step)" if off else "synchronous"
+        name = f"off-policy (1 step, {args.correction})" if off else "synchronous"
         mean = {k: statistics.mean(r[k] for r in rs) for k in rs[0]}
         sd = {k: statistics.stdev(r[k] for r in rs) if len(rs) > 1 else 0.0 for k in rs[0]}
-        print(f"{name:20s} {mean['s_per_it']:.3f} ± {sd['s_per_it']:.3f} s/it  reward (last quarter) "
+        print(f"{name:30s} {mean['s_per_it']:.3f} ± {sd['s_per_it']:.3f} s/it  reward (last quarter) "
               f"{mean['reward']:.3f} ± {sd['reward']:.3f}  accuracy {mean['accuracy']:.3f} ± {sd['accuracy']:.3f}  "
-              f"lag KL {mean['lag_kl']:.2e}")
+              f"mismatch KL {mean['lag_kl']:.2e}")
     speed = statistics.mean(r["s_per_it"] for r in results[0]) / statistics.mean(r["s_per_it"] for r in results[1])
-    print(f"iterations per second, off-policy / synchronous: {speed:.2f}x")
+    print(f"{args.model}, generator {args.generator}: iterations per second, off-policy / synchronous: {speed:.2f}x")
 
 
 if __name__ == "__main__":

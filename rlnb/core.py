@@ -133,6 +133,7 @@ class TrainingConfig(NamedTuple):
     algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
     algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
     beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
+    teacher: str | None = None  # a model to distill from (algorithm "opd"), named like `model`; same tokenizer
     num_iterations: int = 800  # rollout-then-update iterations
     prompts_per_step: int = 16  # distinct prompts per iteration
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
@@ -290,6 +291,7 @@ class TrainingState(NamedTuple):
     stats_history: tuple = ()  # TrainingStats of past steps
     metadata: dict | None = None  # e.g. the run's config
     value_head: Any = None  # PPO's value head (hidden (..., H) -> (..., 1)), trained with the policy; None without one
+    teacher: Any = None  # a frozen model on the policy's tokenizer whose log-probs distillation (opd) learns from
 
 # %% ../nbs/10_core.ipynb #bfee8ba5
 _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
@@ -475,6 +477,8 @@ class CollatedBatch(NamedTuple):
     returns: Tensor | None = None  # (B, C) value-head regression targets (GAE: advantages + old_values), set with them
     values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
     rollout_logprobs: Tensor | None = None  # (B, C) the sampler's log-probs (Generation.logprobs), if it gave them
+    baseline_rewards: Tensor | None = None  # (B,) a baseline reward per rollout (ReMax: its prompt's greedy sample's)
+    teacher_logprobs: Tensor | None = None  # (B, C) the teacher's log-probs of the sampled tokens, once per batch
 
 # %% ../nbs/10_core.ipynb #c0f06b84
 def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
@@ -544,6 +548,20 @@ def _sampler_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | N
     return _pad([torch.as_tensor(list(lp), dtype=torch.float32) for lp in lps], 0.0, min_len=C).to(device)
 
 
+def _baseline_rewards(rollouts: Sequence[Rollout], device) -> Tensor | None:
+    "(B,) each rollout's `metadata['baseline_reward']`; None when no rollout has one, an error when only some do."
+    vals = [(r.metadata or {}).get("baseline_reward") for r in rollouts]
+    if all(v is None for v in vals): return None
+    missing = [i for i, v in enumerate(vals) if v is None]
+    if missing:
+        raise ValueError(f"collate: rollouts {missing[:5]} have no metadata['baseline_reward'] while others have one")
+    try: out = torch.tensor([float(v) for v in vals], dtype=torch.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"collate: metadata['baseline_reward'] must be numbers ({e})") from None
+    if not torch.isfinite(out).all(): raise ValueError("collate: metadata['baseline_reward'] must be finite numbers")
+    return out.to(device)
+
+
 def collate(
     rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
     pad_token_id: int,  # id written into padding positions (may equal the EOS id)
@@ -577,7 +595,7 @@ def collate(
         completion_ids=completion_ids.to(device), completion_mask=completion_mask.to(device),
         loss_mask=loss_mask.to(device), rewards=_reward_tensor(rollouts).to(device), group_ids=groups.to(device),
         old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1],
-        rollout_logprobs=_sampler_logprobs(rollouts, C, device))
+        rollout_logprobs=_sampler_logprobs(rollouts, C, device), baseline_rewards=_baseline_rewards(rollouts, device))
 
 # %% ../nbs/10_core.ipynb #f6678500
 def check_seed(

@@ -26,9 +26,11 @@ from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create
                            split_prompts)
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
+from .distillation import attach_teacher, teacher_metrics
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction,
                            sampler_copy)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
+from .baselines import create_greedy_baseline_rollout_fn  # ReMax: the greedy sample as baseline
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
                           load_metrics)
 from .cache import folder_lock
@@ -201,6 +203,7 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
 def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, float]:
     "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
     out = {}
+    if used.ndim == 2: used = used.sum(1)  # an algorithm that takes the vector (GDPO): its components' sum
     if raw.ndim == 2:
         out.update({f"reward/component_{k}": v for k, v in enumerate(raw.float().mean(0).tolist())})
         raw = used
@@ -237,10 +240,11 @@ def _checked_rewards(r, B: int, device, fn: str) -> Tensor:
     return t
 
 
-def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable | None, fn: str) -> CollatedBatch:
-    "The batch with its rewards through `reward_transform`: (B,) and finite, or a clear error."
+def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable | None, fn: str,
+                 vector_ok: bool = False) -> CollatedBatch:
+    "The batch with its rewards through `reward_transform`: (B,) and finite (or (B, K) if `vector_ok`), else an error."
     if reward_transform is None:
-        if cb.rewards.ndim == 2:
+        if cb.rewards.ndim == 2 and not vector_ok:
             raise ValueError(f"{fn}: rewards have {cb.rewards.shape[1]} components per rollout (a vector reward_fn); "
                              "pass reward_transform=create_reward_transform(weights=...) to turn them into one number")
         return cb
@@ -252,10 +256,11 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
                        cfg: TrainingConfig) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
-    # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again;
-    # so it does when the advantages need them (Clip-Cov's covariance of log pi and A)
-    needs_old = spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters
-    rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None or needs_old
+    # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again
+    rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None
+    # an advantage function that reads them (opd: the teacher's signal is measured against the sampling policy;
+    # clip_cov: the covariance of log pi and A picks the tokens)
+    rescore = rescore or (spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters)
     with torch.no_grad():
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
             old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
@@ -267,6 +272,9 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
         if cb.ref_logprobs is None and state.ref_model is not None:
             cb = cb._replace(ref_logprobs=get_reference_logprobs(
                 state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
+        if cb.teacher_logprobs is None and state.teacher is not None:  # distillation: the teacher scores the tokens
+            cb = cb._replace(teacher_logprobs=get_reference_logprobs(
+                state.teacher, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
         if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
     return cb
 
@@ -301,6 +309,8 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
     if measure_kl and "kl/mean" not in metrics and mb.ref_logprobs is not None:  # a loss that does not measure the KL
         kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
         metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
+    if measure_kl and "teacher/reverse_kl" not in metrics and mb.teacher_logprobs is not None:  # any algorithm
+        metrics = {**metrics, **teacher_metrics(logprobs, mb.teacher_logprobs, mb.loss_mask)}
     return loss, metrics
 
 
@@ -347,11 +357,12 @@ def training_step(
     step_fn, loss_fn = optimizer_step_fn or default_optimizer_step, loss_fn or compute_loss_by_algorithm
     cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
     raw_rewards = cb.rewards
-    cb = _transformed(cb, rollouts, reward_transform, fn)  # 2.
+    spec = ALGORITHMS.get(algo.get("name"))
+    # 2.; GDPO takes a vector reward as it is
+    cb = _transformed(cb, rollouts, reward_transform, fn, spec is not None and spec.run_defaults.get("vector_rewards"))
     # Dr. GRPO: the budget, not the longest row
     if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:
         algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
-    spec = ALGORITHMS.get(algo.get("name"))
     if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs
     head = state.value_head if spec is not None and spec.value_head else None
     cb = _shared_quantities(state, cb, algo, spec, head, cfg)  # 3.
@@ -746,7 +757,8 @@ def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metr
     _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
     if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
     loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
-    state = loaded._replace(ref_model=state.ref_model, metadata={**(loaded.metadata or {}), "config": config})
+    state = loaded._replace(ref_model=state.ref_model, teacher=state.teacher,  # neither is in a checkpoint
+                            metadata={**(loaded.metadata or {}), "config": config})
     if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
         if "data_buffer" not in state.metadata:
             raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
@@ -793,9 +805,16 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
     return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
 
 
+def _needs_greedy_baseline(algo: Mapping | Callable, num_iterations: int) -> bool:
+    "Whether any iteration's algorithm asks for a greedy baseline (ReMax): a schedule is read at every iteration."
+    configs = [algo(i) for i in range(num_iterations)] if callable(algo) else [algo]
+    return any(ALGORITHMS[c["name"]].run_defaults.get("greedy_baseline", False) for c in configs
+               if isinstance(c, Mapping) and c.get("name") in ALGORITHMS)
+
+
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
-                      fn: str) -> Callable:
-    "The rollout function (yours, or the default bound to the hooks), with the overlong penalty and dynamic sampling."
+                      fn: str, greedy_baseline: bool = False) -> Callable:
+    "The rollout function (yours, or the default from the hooks) with ReMax's greedy pass, overlong penalty, filtering."
     rollout_fn = hooks["rollout_fn"]
     run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
     if rollout_fn is None:
@@ -807,6 +826,9 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
         generate = _checked_generator(hooks["generator"] or _config_generator(config), fn)
         template = _checked_template_fn(hooks["template_fn"], fn)
         rollout_fn = create_rollout_fn(reward, generate, template, hooks["tool_parser"], system)
+        if greedy_baseline:  # ReMax: each prompt's greedy completion, scored, as its rollouts' baseline
+            rollout_fn = create_greedy_baseline_rollout_fn(rollout_fn, reward, generate, template,
+                                                           hooks["tool_parser"], system)
     elif run["overlong_buffer"]:
         raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
                          "set overlong_buffer=0")
@@ -866,6 +888,7 @@ def train(
     # (state, metrics) -> True to stop early (metrics include eval/ ones when evaluated)
     stop_fn: Callable | None = None,
     progress: bool = True,  # print a text progress line every ~10% of the run
+    teacher: torch.nn.Module | str | None = None,  # a model on the policy's tokenizer to distill from (opd)
 ) -> TrainingState:
     "Run rollout-then-update iterations until config.num_iterations, with evaluation, logging, checkpoints and resume."
     fn = "train"
@@ -879,15 +902,20 @@ def train(
     own_prompts = prompts is not None or prompt_loader is not None
     task = _run_task(config, hooks, own_prompts)
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
+    if teacher is not None and config.teacher is not None:
+        raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
         set_seed(config.seed)
         state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
+        teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
+        state = attach_teacher(state, tokenizer, teacher, first, config.dtype, fn)
         with _torch_threads(default_num_threads(state.model, config.num_threads)):
             if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
             prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
-            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn)
+            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn,
+                                           _needs_greedy_baseline(algo, config.num_iterations))
             if eval_fn is None and config.eval_every and not own_prompts:
                 eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
             loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,

@@ -15,7 +15,7 @@ BASE = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=6
             seed=3)  # a seed whose samples differ within groups in both iterations: a zero gradient would hide changes
 CHANGES = {  # field -> a value different from BASE's (or the default)
     "model": "tiny-perturbed", "dtype": "bfloat16", "task": "reverse", "task_format": "chat", "algorithm": "dr_grpo",
-    "algorithm_options": {"scale": "none"}, "beta": 0.5,
+    "algorithm_options": {"scale": "none"}, "beta": 0.5, "teacher": "tiny-perturbed",
     "num_iterations": 3, "prompts_per_step": 3, "group_size": 3, "temperature": 0.5, "max_new_tokens": 2,
     "dynamic_sampling": True, "over_sampling_factor": 2.0,
     "max_sampling_rounds": 2, "overlong_buffer": 5,

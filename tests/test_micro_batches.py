@@ -29,7 +29,9 @@ def setting():
     assert len(set(lengths)) > 1, lengths  # rows of different lengths: token and row weights differ
     # distinct: every group pairs
     rewards = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(1)).tolist()
-    batch = batch._replace(rollouts=[r._replace(rewards=x) for r, x in zip(batch.rollouts, rewards)])
+    baselines = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(2)).tolist()  # ReMax's
+    batch = batch._replace(rollouts=[r._replace(rewards=x, metadata={**(r.metadata or {}), "baseline_reward": b})
+                                     for r, x, b in zip(batch.rollouts, rewards, baselines)])
     return policy, tok, batch
 
 
@@ -45,7 +47,8 @@ def accumulated_grads(setting, name: str, options: dict, micro_batch_size):
         return 0.0
     torch.manual_seed(0)  # PPO's value head is created inside the step: the same initial head both times
     opt, _ = create_optimizer(policy, learning_rate=1e-3)
-    state = TrainingState(0, 0, policy, opt, None, ref_model=create_reference_model(policy))
+    ref = create_reference_model(policy)
+    state = TrainingState(0, 0, policy, opt, None, ref_model=ref, teacher=ref)  # opd distills from it; others measure
     training_step(state, batch, create_algorithm_config(name, **options), capture, tokenizer=tok,
                   config=TrainingConfig(micro_batch_size=micro_batch_size))
     return seen

@@ -46,6 +46,10 @@ PUBLIC = {
            "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
     "mismatch": "mismatch_metrics rollout_correction ROLLOUT_CORRECTIONS apply_rollout_correction "
                 "ROLLOUT_CORRECTION_LEVELS sampler_copy create_hf_generator",
+    "baselines": "compute_maxrl_advantages compute_gdpo_advantages compute_remax_advantages "
+                 "create_greedy_baseline_rollout_fn",
+    "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
+                    "load_teacher attach_teacher",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
                "create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
