@@ -48,6 +48,9 @@ PUBLIC = {
                 "ROLLOUT_CORRECTION_LEVELS sampler_copy create_hf_generator",
     "baselines": "compute_maxrl_advantages compute_gdpo_advantages compute_remax_advantages "
                  "create_greedy_baseline_rollout_fn",
+    "policy_losses": "cispo_loss sapo_loss sapo_gate gmpo_loss dppo_loss dppo_moved DPPO_DIVERGENCES token_covariance "
+                     "clip_cov_select compute_clip_cov_advantages kl_cov_loss policy_tokens finish_policy_loss "
+                     "PolicyTokens",
     "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
                     "load_teacher attach_teacher",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
