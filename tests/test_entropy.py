@@ -144,7 +144,8 @@ def step_gradient(setting, name, options, config):
     return seen, stats.custom_metrics
 
 
-CASES = [(name, {"aggregation": agg}) for name in ("grpo", "ppo") for agg in ("token_mean", "sequence_mean", "constant")]
+AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+CASES = [(name, {"aggregation": agg}) for name in ("grpo", "ppo") for agg in AGGREGATIONS]
 CASES += [(name, {}) for name in ("dapo", "rloo", "reinforce", "gspo")]
 
 
