@@ -154,6 +154,11 @@ class TrainingConfig(NamedTuple):
     warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping threshold (0: off)
+    entropy_coef: float = 0.0  # weight of the entropy bonus in the loss (with entropy_target: its starting value)
+    entropy_top_fraction: float = 1.0  # policy loss only on this share of tokens, the highest-entropy ones (1: all)
+    entropy_target: float | None = None  # entropy (nats per token) the bonus weight adapts toward (None: fixed)
+    entropy_coef_step: float = 1e-4  # the adaptive weight's change per iteration (Skywork-OR1: 1e-4)
+    entropy_coef_max: float = 5e-3  # the adaptive weight's ceiling (Skywork-OR1: 0.005)
     lora_r: int = 8  # LoRA rank (alpha: 2 r); 0 trains every weight
     updates_per_batch: int = 1  # optimizer updates on each rollout batch (GRPO's mu)
     micro_batch_size: int | None = None  # sequences per forward/backward pass (None: the whole batch)
@@ -301,14 +306,17 @@ _LIMITS = {  # field -> (smallest allowed value, whether it may equal it)
     "micro_batch_size": (1, True), "eval_every": (0, True), "eval_size": (1, True), "checkpoint_every": (0, True),
     "max_seconds": (0, False), "num_threads": (1, True), "rollout_correction_cap": (0, False),
     "rollout_correction_low": (0, False), "rollout_correction_high": (0, False), "off_policy_steps": (0, True),
-    "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True)}
+    "over_sampling_factor": (1, True), "max_sampling_rounds": (1, True), "overlong_buffer": (0, True),
+    "entropy_coef": (0, True), "entropy_top_fraction": (0, False), "entropy_target": (0, False),
+    "entropy_coef_step": (0, False), "entropy_coef_max": (0, True)}
 # field -> the largest sensible value: beyond it a run fails late (out of memory, NaN) or never ends; public because
 # other checks share it (e.g. $RLNB_NUM_THREADS gets num_threads' range)
 CONFIG_MAXIMA = {
     "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 10_000,
     "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
     "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
-    "beta": 1e6, "temperature": 100.0, "off_policy_steps": 1}
+    "beta": 1e6, "temperature": 100.0, "off_policy_steps": 1,
+    "entropy_top_fraction": 1.0}
 # prompts_per_step x group_size: completions sampled per iteration, each with (C, vocabulary) logits in training
 _MAX_ROWS = 65_536
 # C0 and C1 control characters (NUL, newline, escape, ...): no model name, hub id or folder holds one, so a name that
@@ -398,6 +406,13 @@ def _check_sampling(values: dict) -> None:
                          "length penalty ramps up over the last overlong_buffer tokens of the completion budget")
 
 # %% ../nbs/10_core.ipynb #cfa1b005
+def _check_entropy(values: dict) -> None:
+    "The adaptive entropy weight starts within its range."
+    if values["entropy_target"] is not None and values["entropy_coef"] > values["entropy_coef_max"]:
+        raise ValueError(f"TrainingConfig: `entropy_coef`={values['entropy_coef']!r} (the adaptive weight's start) "
+                         f"must be <= entropy_coef_max={values['entropy_coef_max']!r}")
+
+
 def _check_combined(values: dict) -> None:
     "The rules between fields: the iteration's size, the names, beta given once, what sampling needs."
     if values["seed"] < -(2**63):
@@ -412,6 +427,7 @@ def _check_combined(values: dict) -> None:
         raise ValueError(f"TrainingConfig: `beta` is given twice, as a field ({values['beta']!r}) and in "
                          f"algorithm_options ({options['beta']!r}); give it once")
     _check_sampling(values)
+    _check_entropy(values)
     if values["rollout_correction_low"] >= values["rollout_correction_high"]:
         raise ValueError("TrainingConfig: `rollout_correction_low` must be below `rollout_correction_high`, "
                          f"got {values['rollout_correction_low']!r} and {values['rollout_correction_high']!r}")
@@ -433,6 +449,10 @@ def _warn_ignored(values: dict, given: set) -> None:
     if knobs and values["rollout_correction"] == "none":
         warnings.warn(f"TrainingConfig: {', '.join(knobs)} ignored: rollout_correction='none' corrects nothing",
                       stacklevel=3)
+    knobs = [k for k in ("entropy_coef_step", "entropy_coef_max") if values[k] != TrainingConfig._field_defaults[k]]
+    if knobs and values["entropy_target"] is None:
+        warnings.warn(f"TrainingConfig: {', '.join(knobs)} ignored: they adapt the entropy weight toward "
+                      "entropy_target, which is None", stacklevel=3)
 
 # %% ../nbs/10_core.ipynb #dad1f35a
 def warn_unsaved_checkpoints(

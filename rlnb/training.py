@@ -27,6 +27,7 @@ from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create
 from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
 from .ppo import add_value_head
 from .distillation import attach_teacher, teacher_metrics
+from .entropy import apply_entropy_controls, entropy_bonus, update_entropy_control
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction,
                            sampler_copy)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
@@ -295,10 +296,11 @@ def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -
 # %% ../nbs/42_training.ipynb #1ebec406
 def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: Mapping, kl_fn: Callable | None,
                       cfg: TrainingConfig, measure_kl: bool, iteration: int, fn: str) -> tuple[Tensor, Mapping]:
-    "Step 4 on one micro-batch: log-probs with grad, then `loss_fn`'s loss (checked: a gradient, finite) and metrics."
-    logprobs = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
-                                           temperature=cfg.temperature, value_head=head)  # (b, C), with grad
-    if head is not None: logprobs, mb = logprobs[0], mb._replace(values=logprobs[1])  # PPO: values from the same pass
+    "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), the entropy bonus."
+    out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
+                                      temperature=cfg.temperature, value_head=head, return_entropy=True)
+    logprobs, entropy = out[0], out[1]  # (b, C) each, with grad
+    if head is not None: mb = mb._replace(values=out[2])  # PPO: values from the same pass
     loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
     if not (isinstance(loss, Tensor) and loss.requires_grad):
         raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the "
@@ -306,6 +308,10 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
     if not torch.isfinite(loss):
         raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {iteration}; "
                                  "stopping before it reaches the weights")
+    # minus entropy_coef x the entropy, averaged like the policy loss, so that micro-batches add up to the batch
+    bonus, entropy_metrics = entropy_bonus(entropy, mb.loss_mask, cfg.entropy_coef,
+                                           algo.get("aggregation", "token_mean"), algo.get("max_completion_length"))
+    loss, metrics = loss + bonus, {**metrics, **entropy_metrics}
     if measure_kl and "kl/mean" not in metrics and mb.ref_logprobs is not None:  # a loss that does not measure the KL
         kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
         metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
@@ -367,14 +373,18 @@ def training_step(
     head = state.value_head if spec is not None and spec.value_head else None
     cb = _shared_quantities(state, cb, algo, spec, head, cfg)  # 3.
     cb, mismatch = _corrected(cb, algo, cfg, fn)  # the sampler's tokens reweighted or dropped, if asked
+    # the high-entropy token mask (once per batch) and this step's entropy bonus weight (in step_cfg)
+    cb, step_cfg, entropy_metrics = apply_entropy_controls(state, cb, cfg, spec, fn)
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
     for update in range(cfg.updates_per_batch):  # 4. and 5.
-        state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, cfg, step_fn, update == 0, fn)
+        state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, step_cfg, step_fn, update == 0,
+                                     fn)
         per_update.append(metrics)
     stats = _step_stats(per_update, cb, raw_rewards, lr, algo)
-    stats = stats._replace(custom_metrics={**stats.custom_metrics, **mismatch})
+    stats = stats._replace(custom_metrics={**stats.custom_metrics, **mismatch, **entropy_metrics})
+    state = update_entropy_control(state, cfg, stats.custom_metrics["entropy/mean"])  # with entropy_target
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
 
 # %% ../nbs/42_training.ipynb #06b4e87b
