@@ -39,9 +39,10 @@ from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ i
 from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
+from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
+from .entropy import *  # entropy control: the bonus, the high-entropy token mask, the adaptive weight
 from .baselines import *  # registers maxrl, gdpo, remax in ALGORITHMS
 from .distillation import *  # registers opd: on-policy distillation from a teacher's per-token log-probs
-from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
 from .loggers import *
 from .checkpoints import *
 from .training import *

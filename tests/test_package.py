@@ -51,6 +51,8 @@ PUBLIC = {
     "policy_losses": "cispo_loss sapo_loss sapo_gate gmpo_loss dppo_loss dppo_moved DPPO_DIVERGENCES token_covariance "
                      "clip_cov_select compute_clip_cov_advantages kl_cov_loss policy_tokens finish_policy_loss "
                      "PolicyTokens",
+    "entropy": "entropy_bonus high_entropy_mask adaptive_entropy_coef entropy_coefficient update_entropy_control "
+               "apply_entropy_controls",
     "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
                     "load_teacher attach_teacher",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
