@@ -9,12 +9,14 @@ shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache`
 estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
 (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO,
 REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch`
-(the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints`
-(crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the same loop),
-`rlnb.engines` (vLLM as the sampler, weight sync), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
-built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`),
-`rlnb.cli` (the `rlnb run` / `rlnb sweep` command), `rlnb.widgets` (the live training dashboard) and `rlnb.viewer`
-(the token-level rollout viewer)."""
+(the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.policy_losses` (CISPO, SAPO, GMPO, DPPO, Clip-Cov, KL-Cov),
+`rlnb.entropy` (entropy bonus, high-entropy mask, adaptive weight), `rlnb.baselines` (MaxRL, GDPO, ReMax),
+`rlnb.distillation` (on-policy distillation from a teacher), `rlnb.loggers` (loggers, metrics, plots),
+`rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
+same loop), `rlnb.engines` (vLLM as the sampler, weight sync), `rlnb.quickstart` (`quick_start_training`),
+`rlnb.tiny` (the built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`,
+`plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep` command), `rlnb.widgets` (the live training dashboard) and
+`rlnb.viewer` (the token-level rollout viewer)."""
 
 __version__ = "0.0.1"
 
