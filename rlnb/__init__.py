@@ -39,6 +39,7 @@ from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ i
 from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
+from .passk import *  # evaluate_pass_at_k, compute_passk_advantages; registers grpo_passk
 from .loggers import *
 from .checkpoints import *
 from .training import *
