@@ -49,6 +49,8 @@ SETTINGS: dict[str, dict] = {
     "dpo": dict(learning_rate=1e-3, group_size=8, micro_batch_size=None),
     # GRPO's clipped loss with GAE advantages and a value head (vf_coef 0.1, lambda 0.95, no KL)
     "ppo": dict(learning_rate=2e-3),
+    # GRPO's clipped loss with pass@k advantages (k=4 of each group of 8): GRPO's family, same learning rate
+    "grpo_passk": dict(learning_rate=2e-3),
 }
 
 
