@@ -172,3 +172,12 @@ def test_micro_batches_give_the_full_batch_gradient(setting, options):
     micro = accumulated_grads(setting, "grpo_passk", options, GROUP)  # whole groups of 4
     assert full and full.keys() == micro.keys() and any(g.abs().sum() > 0 for g in full.values())  # not all-zero
     for key in full: torch.testing.assert_close(micro[key], full[key], rtol=1e-4, atol=1e-6)
+
+
+def test_sampler_trainer_corrections_apply_token_by_token():
+    "Its loss is grpo_loss: the rollout corrections of rlnb.mismatch weight each token, as for grpo."
+    from rlnb.mismatch import ROLLOUT_CORRECTION_LEVELS
+    assert ROLLOUT_CORRECTION_LEVELS["grpo_passk"] == ROLLOUT_CORRECTION_LEVELS["grpo"] == "token"
+    state = train(create_training_config(**SMALL, algorithm="grpo_passk", algorithm_options={"k": 2},
+                                         generator="hf_bf16", rollout_correction="tis_token"), progress=False)
+    assert state.global_step == 2
