@@ -62,6 +62,8 @@ SETTINGS: dict[str, dict] = {
     "dppo": dict(learning_rate=2e-3),
     "clip_cov": dict(learning_rate=2e-3),
     "kl_cov": dict(learning_rate=2e-3),
+    # GRPO's clipped loss with pass@k advantages (k=4 of each group of 8): GRPO's family, same learning rate
+    "grpo_passk": dict(learning_rate=2e-3),
 }
 
 

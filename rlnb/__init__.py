@@ -11,12 +11,12 @@ estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, 
 REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch`
 (the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.policy_losses` (CISPO, SAPO, GMPO, DPPO, Clip-Cov, KL-Cov),
 `rlnb.entropy` (entropy bonus, high-entropy mask, adaptive weight), `rlnb.baselines` (MaxRL, GDPO, ReMax),
-`rlnb.distillation` (on-policy distillation from a teacher), `rlnb.loggers` (loggers, metrics, plots),
-`rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and its hooks), `rlnb.sft` (SFT through the
-same loop), `rlnb.engines` (vLLM as the sampler, weight sync), `rlnb.quickstart` (`quick_start_training`),
-`rlnb.tiny` (the built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`,
-`plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep` command), `rlnb.widgets` (the live training dashboard) and
-`rlnb.viewer` (the token-level rollout viewer)."""
+`rlnb.passk` (pass@k evaluation and training), `rlnb.distillation` (on-policy distillation from a teacher),
+`rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and
+its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.engines` (vLLM as the sampler, weight sync),
+`rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model), `rlnb.experiments` (papermill
+runs and sweeps on any executor, `load_sweep`, `plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep` command),
+`rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer)."""
 
 __version__ = "0.0.1"
 
@@ -44,6 +44,7 @@ from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop
 from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
 from .entropy import *  # entropy control: the bonus, the high-entropy token mask, the adaptive weight
 from .baselines import *  # registers maxrl, gdpo, remax in ALGORITHMS
+from .passk import *  # evaluate_pass_at_k, compute_passk_advantages; registers grpo_passk
 from .distillation import *  # registers opd: on-policy distillation from a teacher's per-token log-probs
 from .loggers import *
 from .checkpoints import *

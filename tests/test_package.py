@@ -53,6 +53,7 @@ PUBLIC = {
                      "PolicyTokens",
     "entropy": "entropy_bonus high_entropy_mask adaptive_entropy_coef entropy_coefficient update_entropy_control "
                "apply_entropy_controls",
+    "passk": "evaluate_pass_at_k PassAtK compute_passk_advantages",
     "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
                     "load_teacher attach_teacher",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
