@@ -201,3 +201,25 @@ def test_every_algorithm_runs_with_two_processes(tmp_path):
         torch.testing.assert_close(one[name][1], zero[name][1], rtol=0, atol=0, msg=name)  # the ranks stay equal
 
 
+
+
+@pytest.mark.slow
+def test_the_torchrun_command_trains_and_one_process_resumes_it(tmp_path):
+    "`torchrun ... -m rlnb.cli train`: rank 0 logs once and writes the summary; one process resumes the run."
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    params = ["-p", "output_dir", str(tmp_path / "ddp"), "-p", "prompts_per_step", "4", "-p", "group_size", "4",
+              "-p", "eval_every", "2", "-p", "eval_size", "8"]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "rlnb.cli", "train", *params,
+                           "-p", "num_iterations", "2"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("trained 2 steps with 2 process(es)") == 1, done.stdout
+    summary = json.loads((tmp_path / "ddp" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_step"] == 2
+    again = subprocess.run([sys.executable, "-m", "rlnb.cli", "train", *params, "-p", "num_iterations", "3",
+                            "-p", "resume", "True"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "trained 3 steps with 1 process(es)" in again.stdout, again.stdout
+    rows = _rows(tmp_path / "ddp")
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
