@@ -223,3 +223,30 @@ def test_the_torchrun_command_trains_and_one_process_resumes_it(tmp_path):
     assert "resumed from" in again.stdout and "trained 3 steps with 1 process(es)" in again.stdout, again.stdout
     rows = _rows(tmp_path / "ddp")
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
+
+
+def _learns(rank, world, out):
+    "20 iterations of GRPO on a learnable reward (answers that start with '1'), 8 prompts split 4 and 4."
+    from rlnb.core import create_training_config
+    from rlnb.training import train
+    set_seed(0)
+    model, tok = load_tiny_model("addition", progress=False)
+    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
+    opt, sched = create_optimizer(model, learning_rate=3e-3)
+    state = TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model))
+    rewards, task = [], get_task("addition")
+    train(create_training_config(num_iterations=20, group_size=8, eval_every=0),
+          initial_state=state, tokenizer=tok, prompt_loader=lambda it: task.sample(8, seed=it),
+          reward_fn=lambda rollout: float(rollout.generation.text.startswith("1")),
+          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
+    torch.save(rewards, f"{out}.{rank}")
+
+
+@pytest.mark.slow
+def test_a_two_process_run_learns(tmp_path):
+    out = str(tmp_path / "rewards")
+    _spawned(_learns, out)
+    rewards, others = torch.load(f"{out}.0"), torch.load(f"{out}.1")
+    assert len(rewards) == 20 and others == []  # rank 0 alone logs (the whole batch's mean reward)
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last >= first + 0.3 and last >= 0.85, (first, last)
