@@ -14,9 +14,10 @@ REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: v
 `rlnb.passk` (pass@k evaluation and training), `rlnb.distillation` (on-policy distillation from a teacher),
 `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and
 its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.engines` (vLLM as the sampler, weight sync),
-`rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the built-in tiny model), `rlnb.experiments` (papermill
-runs and sweeps on any executor, `load_sweep`, `plot_sweep`), `rlnb.cli` (the `rlnb run` / `rlnb sweep` command),
-`rlnb.widgets` (the live training dashboard) and `rlnb.viewer` (the token-level rollout viewer)."""
+`rlnb.distributed` (data parallelism over processes), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
+built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`),
+`rlnb.cli` (the `rlnb run` / `rlnb sweep` / `rlnb train` commands), `rlnb.widgets` (the live training dashboard) and
+`rlnb.viewer` (the token-level rollout viewer)."""
 
 __version__ = "0.0.1"
 
@@ -54,6 +55,7 @@ from .quickstart import *
 from .tiny import *  # registers "tiny" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
 from .tiny_sft import *  # how the tiny model is trained (load_tiny_model calls it the first time)
 from .engines import *  # create_vllm_generator: vLLM as the sampler (vLLM itself is imported only when used)
+from .distributed import *  # data parallelism on torch.distributed: shard prompts, all-reduce gradients, rank 0 writes
 from .reward_models import *  # reward models: batched scoring, the tiny Bradley-Terry reward model
 from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer

@@ -1,4 +1,4 @@
-"""`rlnb run` and `rlnb sweep`: one papermill run, or a sweep over parameters and seeds, from a shell.
+"""`rlnb run`, `rlnb sweep` and `rlnb train`: a papermill run, a sweep, or `train` itself (torchrun), from a shell.
 
 Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 
@@ -6,16 +6,17 @@ Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 
 # %% ../nbs/61_cli.ipynb #77cd9bc3
 from __future__ import annotations
-import argparse, ast, logging, sys
+import argparse, ast, json, logging, os, sys, time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
 
 from .cache import FolderInUseError
 from .experiments import progress_line, run_experiment, run_sweep
+from .core import TrainingConfig, create_training_config
 
 # %% auto #0
-__all__ = ['parse_value', 'parse_params', 'yaml_params', 'main']
+__all__ = ['parse_value', 'parse_params', 'yaml_params', 'training_summary', 'train_command', 'main']
 
 # %% ../nbs/61_cli.ipynb #600b0b93
 def parse_value(
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     "rlnb run ... | rlnb sweep ..."
     p = argparse.ArgumentParser(prog="rlnb", description="Run papermill experiments: one run, or a sweep over "
                                                          "parameters and seeds.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,sweep}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,sweep,train}")
     run = sub.add_parser("run", help="run a notebook once", description="Run NOTEBOOK once, into a folder of its own.")
     sweep = sub.add_parser("sweep", help="run a notebook over a grid of parameters and seeds",
                            description="Run NOTEBOOK for every combination of the swept parameters and every seed, "
@@ -82,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--seeds", type=int, help="seeds per setting, 0..N-1 (default: the notebook's seed, or -p seed)")
     sweep.add_argument("--workers", type=int, help="runs at a time, each in its own process (default: one per core)")
     sweep.add_argument("--threads", type=int, default=1, help="CPU threads per run (default: 1)")
+    train = sub.add_parser("train", help="run `train` in this process (torchrun: in each of several)",
+                           description="Train with the parameters of the training notebook (TrainingConfig fields), "
+                                       "in this process; under torchrun or accelerate launch, data-parallel.")
+    train.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                       help="a TrainingConfig field and its value, read like papermill's -p")
+    train.add_argument("-y", "--parameters-yaml", metavar="YAML", help="parameters as YAML text (-p wins over it)")
+    train.add_argument("-f", "--parameters-file", metavar="FILE", help="parameters in a YAML file (-p wins over it)")
     return p
 
 # %% ../nbs/61_cli.ipynb #d9ea5813
@@ -95,6 +103,47 @@ def _given_params(args: argparse.Namespace, several: bool) -> dict:
     if args.parameters_yaml: params.update(yaml_params(args.parameters_yaml, "-y"))
     return {**params, **parse_params(args.param, several=several)}
 
+# %% ../nbs/61_cli.ipynb #3b81bd7b
+def training_summary(
+    config: TrainingConfig,  # the run's config
+    metrics,  # the metrics DataFrame quick_start_training returned (a row per step)
+    wall_seconds: float,  # time the call took
+    world_size: int = 1,  # processes that trained together
+) -> dict:  # what summary.json holds
+    "The run in a few numbers, as the training notebook's summary.json has them, with the world size."
+    rows = metrics.dropna(subset=["reward/mean"]) if "reward/mean" in metrics else metrics.iloc[0:0]
+    k = max(1, min(10, len(rows) // 2))  # first and last k steps
+    evals = metrics.dropna(subset=["eval/accuracy"]) if "eval/accuracy" in metrics else metrics.iloc[0:0]
+    mean = lambda s: float(s.mean()) if len(s) else None
+    return dict(params=config._asdict(), world_size=world_size,
+                steps=int(rows["step"].max()) if len(rows) else 0,
+                final_step=int(metrics["step"].max()) if len(metrics) else 0,
+                reward_start=mean(rows["reward/mean"].head(k)) if len(rows) else None,
+                reward_final=mean(rows["reward/mean"].tail(k)) if len(rows) else None, reward_window=k,
+                accuracy_start=float(evals["eval/accuracy"].iloc[0]) if len(evals) else None,
+                accuracy_final=float(evals["eval/accuracy"].iloc[-1]) if len(evals) else None,
+                train_seconds=round(float(rows["time/step_s"].sum()) if "time/step_s" in rows else 0.0, 2),
+                wall_seconds=round(wall_seconds, 2),
+                seconds_per_step=mean(rows["time/step_s"]) if "time/step_s" in rows else None)
+
+# %% ../nbs/61_cli.ipynb #3530bc19
+def train_command(
+    params: Mapping,  # TrainingConfig fields, as -p NAME VALUE gives them
+) -> dict:  # the run's summary (written to output_dir/summary.json by rank 0)
+    "`rlnb train`: check the parameters, train in this process (one of several under torchrun), write the summary."
+    from rlnb.quickstart import quick_start_training
+    from rlnb import distributed
+    config = create_training_config(**params)  # a misspelt name or a wrong type stops here, naming it
+    t0 = time.time()
+    _, metrics = quick_start_training(config)
+    summary = training_summary(config, metrics, time.time() - t0, distributed.world_size())
+    if config.output_dir is not None and distributed.process_rank() == 0:
+        out = Path(config.output_dir) / "summary.json"
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+        os.replace(tmp, out)  # atomic: a reader never sees half a file
+    return summary
+
 # %% ../nbs/61_cli.ipynb #58ab3f6b
 def _say(line: str) -> None:
     "Print a progress line now, not when the buffer fills."
@@ -104,10 +153,19 @@ def _say(line: str) -> None:
 def main(
     argv: Sequence[str] | None = None,  # the arguments after `rlnb` (None: the command line's)
 ) -> int:  # exit status: 0 every run completed, 1 some failed, 2 bad arguments
-    "The `rlnb` command: `rlnb run NOTEBOOK -p NAME VALUE ...` or `rlnb sweep NOTEBOOK -p NAME VALUE ... --seeds N`."
+    "The `rlnb` command: `rlnb run NOTEBOOK -p NAME VALUE ...`, `rlnb sweep NOTEBOOK ... --seeds N`, `rlnb train`."
     args = _parser().parse_args(argv)
     try:
         params = _given_params(args, several=args.command == "sweep")
+        if args.command == "train":
+            summary = train_command(params)
+            from rlnb import distributed
+            if distributed.process_rank() == 0:
+                r0, r1 = (f"{x:.3f}" if x is not None else "n/a"
+                          for x in (summary["reward_start"], summary["reward_final"]))
+                _say(f"trained {summary['final_step']} steps with {summary['world_size']} process(es): "
+                     f"mean reward {r0} -> {r1}")
+            return 0
         if args.command == "run":
             if args.log_output: logging.basicConfig(level=logging.INFO, format="%(message)s")
             result = run_experiment(args.notebook, params, args.output, log_output=args.log_output)

@@ -254,7 +254,7 @@ def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable |
 
 # %% ../nbs/42_training.ipynb #bcb20862
 def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, spec, head,
-                       cfg: TrainingConfig) -> CollatedBatch:
+                       cfg: TrainingConfig, advantages: bool = True) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
     # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again
@@ -276,7 +276,8 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
         if cb.teacher_logprobs is None and state.teacher is not None:  # distillation: the teacher scores the tokens
             cb = cb._replace(teacher_logprobs=get_reference_logprobs(
                 state.teacher, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
-        if spec is not None: cb = compute_batch_advantages(cb, algo)  # advantages (PPO: and returns), once per batch
+        if spec is not None and advantages:  # advantages (PPO: and returns), once per batch (several processes: later)
+            cb = compute_batch_advantages(cb, algo)
     return cb
 
 
@@ -335,6 +336,22 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
     metrics = {**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)}
     return state._replace(global_step=state.global_step + 1), metrics
 
+# %% ../nbs/42_training.ipynb #fc965e87
+def _data_parallel(start: bool = False):
+    "rlnb.distributed (chapter *Several processes*, later) when several processes train together, else None."
+    import torch.distributed as dist
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not several and not (start and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1): return None
+    from rlnb import distributed  # imported only when a process group is (or is to be) up
+    if start: distributed.init_distributed()  # torchrun's environment: join the group (gloo on CPU, nccl on CUDA)
+    return distributed
+
+
+def _is_writer() -> bool:
+    "Whether this process writes the run's files: the only one, or rank 0 of several."
+    dp = _data_parallel()
+    return dp is None or dp.process_rank() == 0
+
 # %% ../nbs/42_training.ipynb #d722dd59
 def training_step(
     state: TrainingState,  # model, optimizer, scheduler, ref_model, counters
@@ -371,12 +388,18 @@ def training_step(
         algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
     if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs
     head = state.value_head if spec is not None and spec.value_head else None
-    cb = _shared_quantities(state, cb, algo, spec, head, cfg)  # 3.
+    dp = _data_parallel()  # several processes: the shared pieces below (None in one process)
+    if dp is not None: dp.sync_parameters(state)  # rank 0's weights (and PPO's new head) on every rank
+    cb = _shared_quantities(state, cb, algo, spec, head, cfg, advantages=dp is None)  # 3.
+    if dp is not None and spec is not None: cb = dp.batch_advantages(cb, algo)  # from every rank's rows
     cb, mismatch = _corrected(cb, algo, cfg, fn)  # the sampler's tokens reweighted or dropped, if asked
     # the high-entropy token mask (once per batch) and this step's entropy bonus weight (in step_cfg)
     cb, step_cfg, entropy_metrics = apply_entropy_controls(state, cb, cfg, spec, fn)
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
+    if dp is not None:  # gradients summed over ranks, each weighted by its share of the loss's tokens, rows or pairs
+        share = dp.loss_share(cb, algo, units)
+        step_fn = dp.averaged_step(step_fn, share)
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
     for update in range(cfg.updates_per_batch):  # 4. and 5.
         state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, step_cfg, step_fn, update == 0,
@@ -384,6 +407,7 @@ def training_step(
         per_update.append(metrics)
     stats = _step_stats(per_update, cb, raw_rewards, lr, algo)
     stats = stats._replace(custom_metrics={**stats.custom_metrics, **mismatch, **entropy_metrics})
+    if dp is not None: stats = dp.reduced_stats(stats, cb, raw_rewards, share)  # the whole batch's metrics
     state = update_entropy_control(state, cfg, stats.custom_metrics["entropy/mean"])  # with entropy_target
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
 
@@ -445,7 +469,9 @@ def training_iteration(
         raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
     t_rollout = time.perf_counter() - t0
     batch = _hooked_batch(state, batch, iteration_hook)
-    if len(batch) == 0: new_state, stats = _skipped_step(state)  # e.g. a filter dropped every group
+    dp = _data_parallel()
+    empty = len(batch) == 0 if dp is None else dp.any_rank(len(batch) == 0)  # ranks skip together
+    if empty: new_state, stats = _skipped_step(state)  # e.g. a filter dropped every group
     else:
         new_state, stats = training_step(state, batch, algorithm_config, optimizer_step_fn, tokenizer, config, loss_fn,
                                          reward_transform, kl_fn)
@@ -486,7 +512,8 @@ def _check_unused(config: TrainingConfig, given: dict[str, bool], fn: str = "tra
 # %% ../nbs/42_training.ipynb #05e31216
 def _output_lock(config: TrainingConfig):
     "The lock on config.output_dir that `train` holds while it runs (nothing to hold without an output_dir)."
-    return contextlib.nullcontext() if config.output_dir is None else folder_lock(config.output_dir, "rlnb.train")
+    if config.output_dir is None or not _is_writer(): return contextlib.nullcontext()  # several processes: rank 0's
+    return folder_lock(config.output_dir, "rlnb.train")
 
 
 def _output_paths(config: TrainingConfig, fn: str = "train") -> tuple[Path | None, Path | None]:
@@ -773,6 +800,7 @@ def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metr
         if "data_buffer" not in state.metadata:
             raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
         prompts.load_state_dict(state.metadata["data_buffer"])
+    if not _is_writer(): return state  # rank 0 trims the metrics file and reports
     dropped = drop_metrics_after(metrics_path, state.iteration)
     print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
           + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
@@ -914,8 +942,10 @@ def train(
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
     if teacher is not None and config.teacher is not None:
         raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
+    dp = _data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; None in one process
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
+        if dp is not None: dp.check_distributed_config(config)  # the same config everywhere; after every rank's check
         set_seed(config.seed)
         state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
         teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
@@ -924,12 +954,14 @@ def train(
             if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
             prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
+            if dp is not None: prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # a block
             rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn,
                                            _needs_greedy_baseline(algo, config.num_iterations))
             if eval_fn is None and config.eval_every and not own_prompts:
                 eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
             loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
                                                     progress)
+            if not _is_writer(): loggers, checkpoint_fn, eval_fn = [], None, None  # rank 0 logs, saves, evaluates
             return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
                          stop_fn)
@@ -1052,7 +1084,7 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
         evaluate(state)
     ahead = _RolloutsAhead(rollout_fn, tokenizer, config) if config.off_policy_steps else None
     state = _restored_pending(state, ahead)
-    t0, skipped = time.perf_counter(), 0
+    t0, skipped, dp = time.perf_counter(), 0, _data_parallel()
     try:
         while state.iteration < config.num_iterations:
             prompts, batch, timing = None, None, {}
@@ -1072,6 +1104,7 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
             if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
                 metrics.update(evaluate(state))
             stop = stop_fn is not None and _checked_stop(stop_fn(state, metrics))
+            if dp is not None: done = dp.any_rank(done or stop)  # ranks stop together: rank 0 alone evaluated
             every = config.checkpoint_every
             if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
                 checkpoint_fn(state if ahead is None else ahead.saved_with(state))
@@ -1079,4 +1112,5 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
     finally:
         if ahead is not None: ahead.pool.shutdown(wait=True, cancel_futures=True)
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
+    if dp is not None: dp.any_rank(False)  # ranks return together: rank 0's last checkpoint is on disk
     return state

@@ -54,6 +54,9 @@ PUBLIC = {
     "entropy": "entropy_bonus high_entropy_mask adaptive_entropy_coef entropy_coefficient update_entropy_control "
                "apply_entropy_controls",
     "passk": "evaluate_pass_at_k PassAtK compute_passk_advantages",
+    "distributed": "world_size process_rank init_distributed config_digest check_distributed_config shard_prompts "
+                   "rank_seed create_sharded_prompt_loader sync_parameters batch_advantages loss_share "
+                   "all_reduce_gradients averaged_step reduced_stats any_rank",
     "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
                     "load_teacher attach_teacher",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
