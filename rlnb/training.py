@@ -257,8 +257,9 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
                        cfg: TrainingConfig, advantages: bool = True) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
-    # the sampler's own log-probs (vLLM, a bf16 copy) are not the trainer's: the trainer scores the tokens again
-    rescore = cfg.updates_per_batch > 1 or cb.rollout_logprobs is not None
+    # a correction of the sampler's log-probs (vLLM, a bf16 copy) weighs the tokens before the update: the trainer
+    # scores them first. Only measured (rollout_correction "none"), they are compared during the update's own pass
+    rescore = cfg.updates_per_batch > 1 or (cb.rollout_logprobs is not None and cfg.rollout_correction != "none")
     # an advantage function that reads them (opd: the teacher's signal is measured against the sampling policy;
     # clip_cov: the covariance of log pi and A picks the tokens)
     rescore = rescore or (spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters)
@@ -296,7 +297,8 @@ def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -
 
 # %% ../nbs/42_training.ipynb #1ebec406
 def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: Mapping, kl_fn: Callable | None,
-                      cfg: TrainingConfig, measure_kl: bool, iteration: int, fn: str) -> tuple[Tensor, Mapping]:
+                      cfg: TrainingConfig, measure_kl: bool, iteration: int,
+                      fn: str) -> tuple[Tensor, Mapping, Tensor]:
     "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), the entropy bonus."
     out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
                                       temperature=cfg.temperature, value_head=head, return_entropy=True)
@@ -318,7 +320,7 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
         metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
     if measure_kl and "teacher/reverse_kl" not in metrics and mb.teacher_logprobs is not None:  # any algorithm
         metrics = {**metrics, **teacher_metrics(logprobs, mb.teacher_logprobs, mb.loss_mask)}
-    return loss, metrics
+    return loss, metrics, logprobs.detach()  # (b, C): the trainer's log-probs, for the sampler's mismatch
 
 
 def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, loss_fn: Callable, algo: Mapping,
@@ -326,12 +328,18 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
                 fn: str) -> tuple[TrainingState, dict]:
     "Steps 4 and 5: each micro-batch's loss, scaled by its share, back-propagated; then one optimizer step."
     totals, loss_value = {}, 0.0
+    # the sampler's log-probs not yet compared with the trainer's (no rescoring pass): compared with this update's
+    trainer = torch.zeros_like(cb.rollout_logprobs) if first and cb.old_logprobs is None and \
+        cb.rollout_logprobs is not None else None  # (B, C)
     for idx, weight in chunks:
-        loss, metrics = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn, cfg, first,
-                                          state.iteration, fn)
+        loss, metrics, logprobs = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn, cfg,
+                                                    first, state.iteration, fn)
         (loss * weight).backward()
         loss_value += weight * loss.item()
         for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
+        if trainer is not None: trainer[idx] = logprobs.to(trainer.dtype)
+    if trainer is not None:  # the weights before the update, as a rescoring pass would have them
+        totals.update(rollout_correction(trainer, cb.rollout_logprobs, cb.loss_mask, "none")[2])
     grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)
     metrics = {**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)}
     return state._replace(global_step=state.global_step + 1), metrics

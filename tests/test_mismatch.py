@@ -315,3 +315,36 @@ def test_a_correction_needs_the_samplers_logprobs():
         train(config, generator=plain, progress=False)
     with pytest.raises(ValueError, match="both choose the sampler"):
         train(config._replace(generator="hf_bf16"), generator=plain, progress=False)
+
+
+def test_a_measured_mismatch_costs_no_extra_scoring_pass():
+    """With rollout_correction 'none' and one update per batch, the trainer's log-probs come from the update's own
+    forward pass: as many model calls as a batch without the sampler's log-probs, fewer than a correction needs (it
+    weighs the tokens before the update), and the same mismatch figures."""
+    from rlnb import TrainingConfig, TrainingState, create_batch_rollouts, create_optimizer, training_step
+    model, tok = load_tiny_model(progress=False)
+    policy = apply_lora(model, r=4)
+    set_seed(0)
+    batch = create_batch_rollouts(policy, tok, rlnb.get_task("addition").sample(4, seed=2),
+                                  GenerationConfig(max_new_tokens=6, num_return_sequences=4),
+                                  generator=create_hf_generator("bfloat16"))
+    plain = [r._replace(generation=r.generation._replace(logprobs=None)) for r in batch.rollouts]
+    start = {k: p.detach().clone() for k, p in policy.named_parameters()}
+    calls, out = [], {}
+    hook = policy.register_forward_pre_hook(lambda m, a, k: calls.append(1), with_kwargs=True)
+    for mode, rollouts in (("plain", plain), ("none", batch.rollouts), ("tis_token", batch.rollouts)):
+        with torch.no_grad():
+            for k, p in policy.named_parameters(): p.copy_(start[k])
+        opt, _ = create_optimizer(policy, learning_rate=1e-3)
+        calls.clear()
+        config = TrainingConfig(rollout_correction="none" if mode == "plain" else mode,
+                                rollout_correction_cap=100.0)  # the cap never binds: the figures are comparable
+        _, stats = training_step(TrainingState(0, 0, policy, opt, None), rollouts, rlnb.create_grpo_config(),
+                                 tokenizer=tok, config=config)
+        out[mode] = (len(calls), stats.custom_metrics)
+    hook.remove()
+    assert out["none"][0] == out["plain"][0] < out["tis_token"][0]
+    assert "mismatch/kl" not in out["plain"][1]
+    for key in ("mismatch/kl", "mismatch/ratio_min", "mismatch/ratio_max", "mismatch/logprob_abs_diff_max"):
+        assert out["none"][1][key] == pytest.approx(out["tis_token"][1][key], rel=1e-4, abs=1e-7), key
+    assert out["none"][1]["mismatch/kl"] > 0
