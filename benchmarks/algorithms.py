@@ -453,7 +453,7 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
         ax, bx = axes[0][col], axes[1][col]
         for i, n in enumerate(group):
             runs = ok[n]
-            style = dict(color="black", lw=1.5, ls="--") if n == "grpo" else dict(color=cmap(i % 10), lw=2)
+            style = dict(color="black", lw=1.5, ls="--", zorder=5) if n == "grpo" else dict(color=cmap(i % 10), lw=2)
             label = f"{n} (lr {runs[0]['settings'].get('learning_rate', float('nan')):g})"
             for axis, xs, curves in (
                     (ax, [it["iteration"] for it in runs[0]["iters"]],
@@ -470,9 +470,9 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
         bx.set(title=f"{task['eval_name']}\n{args.eval_size} held-out prompts", xlabel="iteration",
                ylabel=task["eval_short"])
         bx.set_ylim(0, 1 if args.task != "tool_use" else None)
-        for a in (ax, bx):
-            a.grid(alpha=0.3)
-            a.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
+        bx.grid(alpha=0.3)
+        bx.legend(fontsize=7, loc="lower right")  # one legend per column: the same lines in both rows
     seeds = len(args.seeds.split(","))
     fig.suptitle(f"{args.task}: {args.iterations} iterations per run, cosine schedule (warm-up {args.warmup}), "
                  f"{args.threads} torch thread(s) per run\nmean ± std over {seeds} seed(s); GRPO dashed in each panel")
