@@ -1,23 +1,50 @@
-"""The algorithm zoo, measured: every registered algorithm on the tiny model's addition task, same wall-clock budget.
+"""The algorithm zoo, measured: every registered algorithm for the same number of iterations on the same task.
 
-Each (algorithm, seed) run is its own child process with one torch thread (OMP_NUM_THREADS=1, RLNB_NUM_THREADS=1),
-calling `rlnb.quick_start_training(algorithm=NAME, num_iterations=10_000, max_seconds=SECONDS, eval_every=N,
-eval_size=128, seed=SEED, output_dir=<a temp folder>)` plus that algorithm's settings from `SETTINGS` below. `--workers`
-runs go side by side (on a 2-core machine use at most 2: each run is one thread). Recorded per run: every iteration's
-sampled reward (the task's correctness over EVERY completion sampled in the iteration, including groups that dynamic
-sampling dropped, so DAPO's number means the same as the others') with its wall-clock time, and the greedy held-out
-accuracy every `--eval-every` iterations with its wall-clock time. Printed: a markdown table (mean +- std over seeds);
-drawn: one PNG with two rows of panels (sampled reward and greedy accuracy against seconds of training).
+Each (algorithm, seed) run is its own child process with one torch thread (OMP_NUM_THREADS=1, RLNB_NUM_THREADS=1;
+`--threads` changes it) and trains for `--iterations` iterations with TrainingConfig's cosine schedule (a linear
+warm-up of `--warmup` optimizer steps, then a cosine decay to 10% of the peak at the last iteration), that
+algorithm's settings from `SETTINGS` below and its registered defaults otherwise. `--workers` runs go side by side
+(on a 2-core machine use at most 2). The tasks (`--task`):
 
-    python benchmarks/algorithms.py                                  # all algorithms, 120 s each, seeds 0,1,2, 1 worker
-    python benchmarks/algorithms.py --seconds 60 --seeds 0,1 --workers 2
-    python benchmarks/algorithms.py --algorithms grpo,rloo --seconds 20 --seeds 0   # a quick look
-    python benchmarks/algorithms.py --algorithms grpo --set grpo.learning_rate=5e-3  # change one setting
+- `addition` (default): the tiny model's README main job, `rlnb.quick_start_training(algorithm=NAME,
+  num_iterations=N, lr_schedule="cosine", warmup_steps=W, eval_every=E, eval_size=128, seed=SEED, ...)`: 16 prompts
+  x 8 samples, 8 new tokens, LoRA r=8; the evaluation is greedy accuracy on 128 held-out sums.
+- `tool_use`: the tool-use chapter's task as benchmarks/tool_use.py runs it: the SFT'd model
+  (`rlnb.load_tool_use_model()`), `rlnb.tool_use_config(algorithm=NAME, ...)` (8 prompts x 8 episodes, 40 new
+  tokens, full fine-tuning), `rollout_fn=rlnb.create_tool_use_rollout_fn()`, 2-digit products with a calculator;
+  the evaluation is `rlnb.evaluate_tool_use` (128 held-out prompts x 2 episodes at temperature 1, as tool_use.py):
+  its reward (the product right), its share of first calls holding the prompt's expression, of replies copying the
+  tool's result.
+- `smollm2`: a shorter column on a real chat model as benchmarks/smollm2_learning.py runs it:
+  `TrainingConfig(model="smollm2")`, 2-digit sums in words, reward (correct + 0.5 form) / 1.5, 8 prompts x 8
+  samples, 40 new tokens, temperature 0.7, LoRA r=8, micro-batches of 16; greedy accuracy on 64 held-out prompts.
 
-The budget is `TrainingConfig.max_seconds`: the loop stops after the first iteration that ends past it, and the
-evaluations inside the loop count against it (the one before the first iteration does not). The time axis of the
-curves is training seconds: the sum of the iterations' own times (`time/step_s`), evaluations left out. Results:
-benchmarks/README.md.
+Learning rates: `SETTINGS` holds the addition task's (measured there). On the other tasks each algorithm gets the
+task's GRPO learning rate (tool_use 2e-4, smollm2 2e-4) times its SETTINGS rate over GRPO's (so DPO runs at half).
+`opd` learns from a teacher: on addition the tiny model after 300 GRPO iterations, as chapter 39 builds and caches it
+(built here once if missing); on the other tasks there is none, and it is skipped with the reason printed. On the
+tool task ReMax's baseline is each prompt's greedy EPISODE (calls included), and DAPO runs without its overlong
+penalty (train applies it only with its own rollout_fn).
+
+Recorded per run: every iteration's sampled reward (the task's reward over EVERY completion sampled in the
+iteration, including groups that dynamic sampling dropped, so DAPO's number means the same as the others') and its
+seconds, and the evaluation every `--eval-every` iterations (also before the first and after the last). Printed: a
+markdown table, mean ± std over seeds of the evaluation at the end and at its best, the sampled reward over the
+last 10 iterations, seconds per iteration (the iterations' own time, `time/step_s`, the first left out) and that
+relative to GRPO's; the tool task adds the right-call and copied-result shares at the end. The last two columns
+compare each algorithm's mean end evaluation with GRPO's: the difference, and whether it exceeds the seed noise by
+this rule: |difference| > 2 x its standard error, sqrt(s_a^2 / n_a + s_grpo^2 / n_grpo) with s the std over seeds
+("yes"), else "no" (with one seed there is no noise estimate: "?"). Drawn: one PNG, sampled reward (top row) and
+the evaluation (bottom row) against the iteration, one column per family of algorithms, GRPO in each for
+reference, mean ± std over seeds.
+
+    python benchmarks/algorithms.py                                   # all, addition, 200 iterations, seeds 0,1,2
+    python benchmarks/algorithms.py --task tool_use --workers 2       # all, the tool task (150 iterations)
+    python benchmarks/algorithms.py --task smollm2 --seeds 0 --algorithms grpo,cispo   # SmolLM2, 20 iterations
+    python benchmarks/algorithms.py --algorithms grpo,cispo,remax --iterations 20 --seeds 0 --eval-every 10  # a look
+    python benchmarks/algorithms.py --algorithms grpo --set grpo.learning_rate=5e-3   # change one setting
+
+Results: benchmarks/README.md, "The algorithm zoo".
 """
 from __future__ import annotations
 import argparse, importlib.util, json, math, os, platform, subprocess, sys, tempfile, time
@@ -28,10 +55,12 @@ HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("rlnb") is None: sys.path.insert(0, str(HERE.parent))  # a checkout, not installed
 
 # Per-algorithm settings on top of TrainingConfig's defaults (the README main job: tiny model, addition, 16 prompts x 8
-# samples, 8 new tokens, LoRA r=8, AdamW at 2e-3 constant, one update per batch). Keys are TrainingConfig fields;
+# samples, 8 new tokens, LoRA r=8, one update per batch; this script sets the schedule: cosine over the run with a
+# short warm-up). Keys are TrainingConfig fields;
 # anything else goes into `algorithm_options`. Every algorithm keeps its registered defaults otherwise (DAPO: clip
 # 0.2/0.28, token-level loss, dynamic sampling with 3x over-sampling and up to 3 rounds, overlong buffer 4;
-# REINFORCE++: beta 0.01; DPO: beta 0.1, best vs worst of each group).
+# REINFORCE++: beta 0.01; DPO: beta 0.1, best vs worst of each group). A registered name missing here gets
+# DEFAULT_SETTINGS (GRPO's learning rate).
 SETTINGS: dict[str, dict] = {
     "grpo": dict(learning_rate=2e-3),  # the README main job's default
     "dr_grpo": dict(learning_rate=2e-3),  # same family as GRPO: same learning rate
@@ -62,39 +91,85 @@ SETTINGS: dict[str, dict] = {
     "dppo": dict(learning_rate=2e-3),
     "clip_cov": dict(learning_rate=2e-3),
     "kl_cov": dict(learning_rate=2e-3),
-    # GRPO's clipped loss with pass@k advantages (k=4 of each group of 8): GRPO's family, same learning rate
+    # on-policy distillation (nbs/39_distillation.ipynb): GRPO's clipped loss with the teacher's per-token signal
+    "opd": dict(learning_rate=2e-3),
+    # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
 }
+DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
+
+
+# The tasks: the base config of every run (TrainingConfig fields), GRPO's learning rate there, the defaults of the
+# command line, and what the evaluation is called in the table and the plot.
+TASKS: dict[str, dict] = {
+    "addition": dict(config=dict(), grpo_lr=None, iterations=200, eval_every=20, eval_size=128,
+                     eval_name="greedy accuracy", eval_short="greedy acc"),
+    # DAPO's overlong penalty shapes the reward train hands its own rollout_fn; the tool task's rollout_fn scores
+    # episodes itself, so train refuses it there: DAPO runs without it (the rest of the recipe unchanged)
+    "tool_use": dict(config=dict(), grpo_lr=2e-4, iterations=150, eval_every=25, eval_size=128,
+                     eval_name="held-out reward (2 episodes / prompt, T=1)", eval_short="held-out reward",
+                     settings=dict(dapo=dict(overlong_buffer=0))),
+    "smollm2": dict(config=dict(model="smollm2", prompts_per_step=8, group_size=8, max_new_tokens=40,
+                                temperature=0.7, micro_batch_size=16),
+                    grpo_lr=2e-4, iterations=20, eval_every=5, eval_size=64,
+                    eval_name="greedy accuracy", eval_short="greedy acc"),
+}
+# families of algorithms, one plot column each (GRPO drawn in every column); unlisted names go to a last column
+FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_passk")),
+            ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
+            ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
+            ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
+TEACHER_ITERATIONS = 300  # opd's teacher: the tiny model after this many GRPO iterations (as chapter 39 caches it)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="addition", choices=sorted(TASKS), help="the task and model (see above)")
     p.add_argument("--algorithms", default="",
                    help="comma-separated registered names ('' = every one in rlnb.algorithms.ALGORITHMS)")
-    p.add_argument("--seconds", type=float, default=120.0,
-                   help="wall-clock training budget of each run (TrainingConfig.max_seconds)")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="iterations of each run (default: addition 200, tool_use 150, smollm2 20)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="linear warm-up, in optimizer steps, before the cosine decay (default: 5%% of the iterations)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument("--workers", type=int, default=1,
-                   help="runs in parallel, one torch thread each (at most the number of cores)")
-    p.add_argument("--eval-every", type=int, default=20,
-                   help="iterations between greedy evaluations (also one before the first iteration)")
-    p.add_argument("--eval-size", type=int, default=128, help="held-out prompts per evaluation")
+                   help="runs in parallel (at most the cores divided by --threads)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="iterations between evaluations (default: addition 20, tool_use 25, smollm2 5); also one "
+                        "before the first iteration and one after the last")
+    p.add_argument("--eval-size", type=int, default=None,
+                   help="held-out prompts per evaluation (default: 128; smollm2 64)")
     p.add_argument("--set", action="append", default=[], metavar="ALGO.FIELD=VALUE",
                    help="change a setting, e.g. grpo.learning_rate=5e-3 or dapo.overlong_buffer=0 "
                         "(VALUE is JSON; repeatable)")
-    p.add_argument("--plot", default=str(HERE / "algorithms.png"), help="PNG of the curves ('' = none)")
+    p.add_argument("--plot", default=None, help="PNG of the curves ('' = none; default benchmarks/algorithms.png, "
+                                                "algorithms_tool_use.png, algorithms_smollm2.png)")
     p.add_argument("--json", default="", help="write every run (curves included) to this JSON file ('' = none)")
     p.add_argument("--keep", action="store_true",
                    help="keep the runs' output folders (metrics.jsonl, checkpoint) and print where")
     # internal: run one (algorithm, seed) and print JSON
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    task = TASKS[args.task]
+    for key in ("iterations", "eval_every", "eval_size"):
+        if getattr(args, key) is None: setattr(args, key, task[key])
+    if args.warmup is None: args.warmup = max(1, round(0.05 * args.iterations))
+    if args.plot is None:
+        args.plot = str(HERE / ("algorithms.png" if args.task == "addition" else f"algorithms_{args.task}.png"))
+    if args.iterations < 1: p.error(f"--iterations must be >= 1, got {args.iterations}")
+    if not 0 <= args.warmup <= args.iterations: p.error(f"--warmup must be in [0, --iterations], got {args.warmup}")
+    return args
 
 
-def settings_for(name: str, changes: list[str]) -> dict:
-    "SETTINGS[name] with the --set changes for `name` applied; non-TrainingConfig fields go to algorithm_options."
+def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
+    "SETTINGS[name] for `task` (the learning rate scaled to the task's) with the --set changes for `name` applied."
     from rlnb.core import TrainingConfig
-    out = dict(SETTINGS.get(name, {}))
+    out = dict(SETTINGS.get(name, DEFAULT_SETTINGS))
+    grpo_lr = TASKS[task]["grpo_lr"]
+    if grpo_lr is not None and "learning_rate" in out:
+        out["learning_rate"] = grpo_lr * out["learning_rate"] / SETTINGS["grpo"]["learning_rate"]
+    out.update(TASKS[task].get("settings", {}).get(name, {}))
     for change in changes:
         key, _, value = change.partition("=")
         algo, _, field = key.partition(".")
@@ -106,59 +181,118 @@ def settings_for(name: str, changes: list[str]) -> dict:
     return out
 
 
+def teacher_dir() -> Path:
+    "opd's teacher on addition, as chapter 39 caches it: GRPO from the tiny model, LoRA merged, built if missing."
+    from rlnb.cache import build_atomically, default_cache_dir
+    from rlnb.core import TrainingConfig
+    from rlnb.tiny import build_tokenizer
+    from rlnb.training import train
+    folder = default_cache_dir() / f"opd-teacher-addition-grpo{TEACHER_ITERATIONS}-seed0"
+
+    def build(path):
+        state = train(TrainingConfig(num_iterations=TEACHER_ITERATIONS, eval_every=0, seed=0), progress=False)
+        state.model.merge_and_unload().save_pretrained(path)
+        build_tokenizer().save_pretrained(path)
+    return build_atomically(folder, build, lambda p: (p / "model.safetensors").exists())
+
+
+def skip_reason(name: str, task: str) -> str | None:
+    "Why `name` cannot run on `task` here (None: it can)."
+    if name == "opd" and task != "addition":
+        return f"opd needs a teacher on the {task} task's tokenizer and skill; this script has one only for addition"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------- one run
+def greedy_episode_baseline(rollout_fn, task):
+    "ReMax on the tool task: each prompt's greedy EPISODE (calls and all) is scored as its rollouts' baseline."
+    import torch
+    from rlnb.core import GenerationConfig
+    from rlnb.multiturn import create_multiturn_rollout
+    from rlnb.tool_use import TOOL_SYSTEM_PROMPT
+    from rlnb.tools import calculator
+
+    def remax_rollout_fn(model, tokenizer, prompts, config):
+        prompts = list(prompts)
+        batch = rollout_fn(model, tokenizer, prompts, config)
+        greedy = GenerationConfig(max_new_tokens=config.max_new_tokens, do_sample=False, num_return_sequences=1)
+        with torch.no_grad():
+            episodes = create_multiturn_rollout(model, tokenizer, prompts, greedy, tools={"calculator": calculator},
+                                                reward_fn=task.reward_fn, timeout_s=None,
+                                                system_prompt=TOOL_SYSTEM_PROMPT)
+        base = {r.metadata["question"]: float(r.rewards) for r in episodes.rollouts}  # the prompt's '37*48='
+        rollouts = [r._replace(metadata={**r.metadata, "baseline_reward": base[r.metadata["question"]]})
+                    for r in batch.rollouts]
+        stats = {"baseline/greedy_reward": sum(base.values()) / len(base)}
+        return batch._replace(rollouts=rollouts, batch_metadata={**(batch.batch_metadata or {}), **stats})
+    return remax_rollout_fn
+
+
 def run_one(spec: dict) -> dict:
-    "In this (child) process: one quick_start_training run, with a logger that stamps every iteration and evaluation."
+    "In this (child) process: one training run, with a logger that records every iteration and evaluation."
     import torch
     import rlnb
-    from rlnb.tasks import get_task
-    task = get_task("addition")
+    from rlnb.tasks import task_for_policy
+    torch.set_num_threads(spec["threads"])
+    task_name, settings = spec["task"], spec["settings"]
+    base = dict(TASKS[task_name]["config"], algorithm=spec["algorithm"], num_iterations=spec["iterations"],
+                lr_schedule="cosine", warmup_steps=spec["warmup"], eval_every=spec["eval_every"],
+                eval_size=spec["eval_size"], seed=spec["seed"], output_dir=spec["output_dir"])
     sampled: list[float] = []  # the task's reward of every completion sampled since the last iteration ended
 
-    def reward_fn(rollout):  # the task's own reward; also seen for groups that dynamic sampling drops
-        r = task.reward_fn(rollout)
-        sampled.append(float(r))
-        return r
+    def counted(reward_fn):  # the task's own reward; also seen for groups that dynamic sampling drops
+        def reward(rollout):
+            r = reward_fn(rollout)
+            sampled.append(float(r))
+            return r
+        return reward
 
     iters, evals = [], []
-    clock = dict(start=None, last=None, train_s=0.0)
-    t_call = time.perf_counter()
 
     def logger(state, stats):
-        now = time.perf_counter()
         m = stats.custom_metrics or {}
-        # the first record: the evaluation before iteration 1 (the loop's clock starts here)
-        if clock["start"] is None: clock["start"] = now
-        wall = now - clock["start"]
-        if "eval/accuracy" in m:
-            # since the iteration's own record: the evaluation's time
-            eval_s = None if state.iteration == 0 else now - clock["last"]
-            evals.append(dict(iteration=state.iteration, wall_s=wall, train_s=clock["train_s"],
-                              accuracy=m["eval/accuracy"], eval_s=eval_s))
-        else:
-            clock["train_s"] += m.get("time/step_s", 0.0)
-            iters.append(dict(iteration=state.iteration, wall_s=wall, train_s=clock["train_s"],
-                              step_s=m.get("time/step_s"),
-                              sampled_reward=sum(sampled) / len(sampled) if sampled else None, sampled_n=len(sampled),
-                              batch_reward=m.get("reward/mean"), zero_std_frac=m.get("reward/zero_std_frac"),
-                              groups_generated=m.get("sampling/groups_generated"), kl=m.get("kl/mean")))
-            sampled.clear()
-        clock["last"] = now
+        if any(k.startswith("eval/") for k in m):
+            evals.append(dict(iteration=state.iteration, **{k[5:]: v for k, v in m.items() if k.startswith("eval/")}))
+            return
+        iters.append(dict(iteration=state.iteration, step_s=m.get("time/step_s"), lr=stats.learning_rate,
+                          sampled_reward=sum(sampled) / len(sampled) if sampled else None, sampled_n=len(sampled),
+                          batch_reward=m.get("reward/mean"), zero_std_frac=m.get("reward/zero_std_frac"),
+                          right_call=m.get("tool_use/right_call"), copied_result=m.get("tool_use/copied_result"),
+                          greedy_baseline=m.get("baseline/greedy_reward"), kl=m.get("kl/mean")))
+        sampled.clear()
 
-    settings = spec["settings"]
-    state, _ = rlnb.quick_start_training(algorithm=spec["algorithm"], num_iterations=10_000,
-                                         max_seconds=spec["seconds"], eval_every=spec["eval_every"],
-                                         eval_size=spec["eval_size"], seed=spec["seed"],
-                                         output_dir=spec["output_dir"], reward_fn=reward_fn, logger=logger,
-                                         progress=False, **settings)
-    return dict(algorithm=spec["algorithm"], seed=spec["seed"], settings=settings, seconds=spec["seconds"],
-                iterations=state.iteration, total_s=time.perf_counter() - t_call, threads=torch.get_num_threads(),
-                iters=iters, evals=evals)
+    t_call = time.perf_counter()
+    if task_name == "tool_use":
+        model, tokenizer = rlnb.load_tool_use_model()
+        task = rlnb.products_task()
+        base.pop("eval_size")  # eval_fn below decides it (train refuses a config field it would ignore)
+        config = rlnb.tool_use_config(**{**base, **settings})
+
+        def eval_fn(state):
+            e = rlnb.evaluate_tool_use(state.model, tokenizer, task, n=spec["eval_size"])
+            return dict(value=e["reward"], right_call=e["tool_use/right_call"],
+                        copied_result=e["tool_use/copied_result"], calls_per_episode=e["calls_per_episode"])
+        rollout_fn = rlnb.create_tool_use_rollout_fn(task._replace(reward_fn=counted(task.reward_fn)))
+        if spec["algorithm"] == "remax": rollout_fn = greedy_episode_baseline(rollout_fn, task)
+        state, _ = rlnb.quick_start_training(config, model=model, tokenizer=tokenizer,
+                                             prompts=task.sample(20_000, seed=spec["seed"]), rollout_fn=rollout_fn,
+                                             eval_fn=eval_fn, logger=logger, progress=False)
+    else:
+        from rlnb.core import create_training_config
+        config = create_training_config(**{**base, **settings})
+        if spec["algorithm"] == "opd": config = config._replace(teacher=spec["teacher"])
+        task = task_for_policy(config.task, config.model, config.task_format)
+        state, _ = rlnb.quick_start_training(config, reward_fn=counted(task.reward_fn), logger=logger, progress=False)
+        for e in evals: e["value"] = e["accuracy"]
+    return dict(algorithm=spec["algorithm"], seed=spec["seed"], task=task_name, settings=settings,
+                iterations=int(state.iteration), total_s=time.perf_counter() - t_call,
+                threads=torch.get_num_threads(), iters=iters, evals=evals)
 
 
 def launch(spec: dict) -> dict:
-    "One run in a child process with one torch thread; its JSON result (or the error)."
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLNB_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    "One run in a child process with `spec['threads']` torch threads; its JSON result (or the error)."
+    threads = str(spec["threads"])
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "RLNB_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
            "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
@@ -173,146 +307,186 @@ def launch(spec: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------ report
-def mean(xs):
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+def finite(xs) -> list[float]:
+    return [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+
+
+def mean(xs) -> float:
+    xs = finite(xs)
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def std(xs):
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+def std(xs) -> float:
+    "Sample standard deviation (n - 1); 0 for fewer than two values."
+    xs = finite(xs)
     if len(xs) < 2: return 0.0
     m = sum(xs) / len(xs)
     return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 
 
+def beyond_noise(a: list[float], b: list[float], z: float = 2.0) -> tuple[float, float, str]:
+    "(mean(a) - mean(b), z x the difference's standard error, 'yes'/'no'; '?' when a side has one value)."
+    a, b = finite(a), finite(b)
+    diff = mean(a) - mean(b)
+    if len(a) < 2 or len(b) < 2: return diff, float("nan"), "?"
+    bound = z * (std(a) ** 2 / len(a) + std(b) ** 2 / len(b)) ** 0.5
+    return diff, bound, "yes" if abs(diff) > bound else "no"
+
+
 def summarize(run: dict, k: int = 10) -> dict:
-    "One run's numbers: sampled reward over the first/last k iterations, greedy accuracy at start, end and best, speed."
+    "One run's numbers: sampled reward over the first/last k iterations, the evaluation at start, end and best, speed."
     r = [i["sampled_reward"] for i in run["iters"]]
-    acc = [e["accuracy"] for e in run["evals"]]
-    # the first includes warm-up
-    steps = [i["step_s"] for i in run["iters"]][1:] or [i["step_s"] for i in run["iters"]]
-    eval_s = [e["eval_s"] for e in run["evals"] if e["eval_s"] is not None]
-    return dict(reward_start=mean(r[:k]), reward_end=mean(r[-k:]), acc_start=acc[0] if acc else float("nan"),
-                acc_end=acc[-1] if acc else float("nan"), acc_best=max(acc) if acc else float("nan"),
+    ev = [e["value"] for e in run["evals"]]
+    steps = [i["step_s"] for i in run["iters"]][1:] or [i["step_s"] for i in run["iters"]]  # the first: warm-up
+    last = run["evals"][-1] if run["evals"] else {}
+    return dict(reward_start=mean(r[:k]), reward_end=mean(r[-k:]), eval_start=ev[0] if ev else float("nan"),
+                eval_end=ev[-1] if ev else float("nan"), eval_best=max(ev) if ev else float("nan"),
+                right_call_end=last.get("right_call", float("nan")),
+                copied_result_end=last.get("copied_result", float("nan")),
                 iterations=run["iterations"], s_per_it=mean(steps),
-                train_s=run["iters"][-1]["train_s"] if run["iters"] else 0.0, eval_s=sum(eval_s),
+                train_s=sum(finite(i["step_s"] for i in run["iters"])),
                 completions_per_it=mean([i["sampled_n"] for i in run["iters"]]))
 
 
-COLUMNS = [("sampled reward, first 10 it", "reward_start", "{:.3f}"),
-           ("sampled reward, last 10 it", "reward_end", "{:.3f}"),
-           ("greedy acc, start", "acc_start", "{:.3f}"), ("greedy acc, end", "acc_end", "{:.3f}"),
-           ("greedy acc, best", "acc_best", "{:.3f}"),
-           ("iterations", "iterations", "{:.0f}"), ("s / iteration", "s_per_it", "{:.3f}"),
-           ("completions / it", "completions_per_it", "{:.0f}"),
-           ("training s (evals s)", "train_s", "{:.0f}")]
+def columns(task: str) -> list[tuple[str, str, str]]:
+    "(header, summary key, format) of the table's mean ± std columns for `task`."
+    short = TASKS[task]["eval_short"]
+    cols = [(f"{short}, start", "eval_start", "{:.3f}"), (f"{short}, end", "eval_end", "{:.3f}"),
+            (f"{short}, best", "eval_best", "{:.3f}")]
+    if task == "tool_use":
+        cols += [("right call, end", "right_call_end", "{:.2f}"), ("copied result, end", "copied_result_end", "{:.2f}")]
+    return cols + [("sampled reward, last 10 it", "reward_end", "{:.3f}"), ("s / it", "s_per_it", "{:.3f}")]
 
 
-def table(by_algo: dict[str, list[dict]]) -> str:
-    "The markdown table: mean +- std over seeds of every column, one row per algorithm."
-    head = "| algorithm (lr) | " + " | ".join(c[0] for c in COLUMNS) + " |"
-    lines = [head, "|" + " --- |" * (len(COLUMNS) + 1)]
+def cell(vals: list[float], f: str) -> str:
+    vals = finite(vals)
+    if not vals: return "-"
+    return f.format(mean(vals)) + (" ± " + f.format(std(vals)) if len(vals) > 1 else "")
+
+
+def table(by_algo: dict[str, list[dict]], task: str) -> str:
+    "The markdown table: mean ± std over seeds per algorithm; s / it and the end evaluation against GRPO's."
+    cols = columns(task)
+    short = TASKS[task]["eval_short"]
+    head = ["algorithm (lr)"] + [c[0] for c in cols] + ["s / it vs GRPO", f"{short} end - GRPO (2 SE)",
+                                                          "beyond seed noise"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    sums = {n: [summarize(r) for r in runs if "error" not in r and "skipped" not in r] for n, runs in by_algo.items()}
+    grpo = sums.get("grpo") or []
+    grpo_speed = mean([s["s_per_it"] for s in grpo])
     for name, runs in by_algo.items():
-        ok = [r for r in runs if "error" not in r]
+        if "skipped" in runs[0]:
+            lines.append(f"| {name} | skipped: {runs[0]['skipped']} |")
+            continue
+        ok = sums[name]
         if not ok:
-            lines.append(f"| {name} | failed: {runs[0]['error'][:80]!r} |"); continue
-        sums = [summarize(r) for r in ok]
-        cells = []
-        for _, key, f in COLUMNS:
-            vals = [s[key] for s in sums]
-            cell = f.format(mean(vals)) + (" ± " + f.format(std(vals)) if len(vals) > 1 else "")
-            if key == "train_s": cell += f" ({mean([s['eval_s'] for s in sums]):.0f})"
-            cells.append(cell)
-        lr = ok[0]["settings"].get("learning_rate", 2e-3)
-        lines.append(f"| {name} ({lr:g}) | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | failed: {runs[0]['error'].strip().splitlines()[-1][:150]!r} |")
+            continue
+        first = next(r for r in runs if "error" not in r)
+        lr = first["settings"].get("learning_rate", float("nan"))
+        row = [f"{name} ({lr:g})"] + [cell([s[key] for s in ok], f) for _, key, f in cols]
+        row.append(f"{mean([s['s_per_it'] for s in ok]) / grpo_speed:.2f}" if grpo else "-")
+        if grpo and name != "grpo":
+            diff, bound, verdict = beyond_noise([s["eval_end"] for s in ok], [s["eval_end"] for s in grpo])
+            row += [f"{diff:+.3f} ({bound:.3f})" if not math.isnan(bound) else f"{diff:+.3f}", verdict]
+        else: row += ["-", "-"]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def per_seed_lines(by_algo: dict[str, list[dict]]) -> str:
-    out = []
+def caption(task: str, n_seeds: int) -> str:
+    return (f"Mean ± std over {n_seeds} seed(s). \"{TASKS[task]['eval_short']} end - GRPO (2 SE)\": the difference of "
+            "the mean end evaluations and, in brackets, twice its standard error sqrt(s_a^2/n_a + s_grpo^2/n_grpo) "
+            "(s: the std over seeds); \"beyond seed noise\" is yes when |difference| > 2 SE (? with one seed).")
+
+
+def per_seed_lines(by_algo: dict[str, list[dict]], task: str) -> str:
+    out, short = [], TASKS[task]["eval_short"]
     for name, runs in by_algo.items():
         for r in runs:
-            if "error" in r: out.append(f"{name:12s} seed {r['seed']}: FAILED {r['error'][-300:]}"); continue
+            if "skipped" in r: continue
+            if "error" in r:
+                out.append(f"{name:12s} seed {r['seed']}: FAILED {r['error'][-300:]}")
+                continue
             s = summarize(r)
-            out.append(f"{name:12s} seed {r['seed']}: reward {s['reward_start']:.3f} -> {s['reward_end']:.3f} "
-                       f"({s['reward_end'] / max(s['reward_start'], 1e-9):.2f}x), "
-                       f"greedy acc {s['acc_start']:.3f} -> {s['acc_end']:.3f} (best {s['acc_best']:.3f}), "
+            out.append(f"{name:12s} seed {r['seed']}: sampled reward {s['reward_start']:.3f} -> {s['reward_end']:.3f}, "
+                       f"{short} {s['eval_start']:.3f} -> {s['eval_end']:.3f} (best {s['eval_best']:.3f}), "
                        f"{s['iterations']} it, {s['s_per_it']:.3f} s/it")
     return "\n".join(out)
 
 
-def on_grid(points: list[tuple[float, float]], grid: list[float], hold: bool) -> list[float]:
-    "Curve values (x ascending) at the grid's x: linear between points; NaN outside (or past the end unless `hold`)."
-    out, j = [], 0
-    for x in grid:
-        while j + 1 < len(points) and points[j + 1][0] < x: j += 1
-        if not points or x < points[0][0] or (x > points[-1][0] and not hold): out.append(float("nan")); continue
-        if x >= points[-1][0]: out.append(points[-1][1]); continue
-        (x0, y0), (x1, y1) = points[j], points[j + 1]
-        out.append(y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1)
+def moving_mean(values: list[float], window: int) -> list[float]:
+    "The mean of each value and the (up to) window - 1 before it."
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window: total -= values[i - window]
+        out.append(total / min(i + 1, window))
     return out
 
 
-def smoothed(iters: list[dict], window_s: float) -> list[tuple[float, float]]:
-    "Sampled reward averaged over the iterations of the last `window_s` training seconds, at each iteration's time."
-    out, lo, acc, n = [], 0, 0.0, 0
-    for i, it in enumerate(iters):
-        acc += it["sampled_reward"]; n += 1
-        while iters[lo]["train_s"] < it["train_s"] - window_s: acc -= iters[lo]["sampled_reward"]; n -= 1; lo += 1
-        out.append((it["train_s"], acc / n))
-    return out
+def panels(names: list[str]) -> list[tuple[str, list[str]]]:
+    "(title, algorithms) per plot column: the families present, GRPO first in each, the unlisted ones last."
+    listed = {n for _, family in FAMILIES for n in family}
+    groups = [(title, [n for n in family if n in names]) for title, family in FAMILIES]
+    groups.append(("others", [n for n in names if n not in listed]))
+    ref = ["grpo"] if "grpo" in names else []
+    out = [(title, ref + [n for n in group if n != "grpo"]) for title, group in groups if set(group) - {"grpo"}]
+    return out or [("GRPO", ref)]
 
 
 def plot(by_algo: dict[str, list[dict]], args, path: str):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    names = [n for n, runs in by_algo.items() if any("error" not in r for r in runs)]
-    family = [n for n in names if n in ("grpo", "dr_grpo", "rloo", "dapo", "gspo")]
-    others = [n for n in names if n not in family]
-    groups = [g for g in ([family, (["grpo"] if "grpo" in names and others else []) + others] if others else [family])
-              if g]
-    titles = ["GRPO and its variants (group baselines, clipped ratio)",
-              "batch baselines and online DPO (GRPO for reference)"]
-    fig, axes = plt.subplots(2, len(groups), figsize=(7.2 * len(groups), 8.4), squeeze=False)
+    ok = {n: [r for r in runs if "error" not in r and "skipped" not in r and r["iters"]] for n, runs in by_algo.items()}
+    names = [n for n in by_algo if ok[n]]
+    if not names:
+        print("no run finished: nothing to plot")
+        return False
+    groups = panels(names)
+    fig, axes = plt.subplots(2, len(groups), figsize=(5.2 * len(groups), 7.6), squeeze=False)
     cmap = plt.get_cmap("tab10")
-    color = {n: cmap(i % 10) for i, n in enumerate(names)}
-    top = max(r["iters"][-1]["train_s"] for runs in by_algo.values() for r in runs if "error" not in r and r["iters"])
-    grid = [top * i / 200 for i in range(201)]
-    window = max(args.seconds / 20, 1.0)
-    for col, group in enumerate(groups):
+    window = max(1, args.iterations // 20)
+    task = TASKS[args.task]
+    for col, (title, group) in enumerate(groups):
         ax, bx = axes[0][col], axes[1][col]
-        for n in group:
-            ok = [r for r in by_algo[n] if "error" not in r and r["iters"]]
-            lr = ok[0]["settings"].get("learning_rate", 2e-3)
-            for axis, curves, ylabel in (
-                    (ax, [on_grid(smoothed(r["iters"], window), grid, hold=False) for r in ok], "sampled reward"),
-                    (bx, [on_grid([(e["train_s"], e["accuracy"]) for e in r["evals"]], grid, hold=False) for r in ok],
-                     "greedy accuracy")):
-                m = [mean([c[i] for c in curves]) for i in range(len(grid))]
-                s = [std([c[i] for c in curves]) for i in range(len(grid))]
-                axis.plot(grid, m, color=color[n], lw=2,
-                          label=f"{n} (lr {lr:g}, {len(ok)} seed{'s' if len(ok) > 1 else ''})")
-                if len(ok) > 1:
-                    axis.fill_between(grid, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)],
-                                      color=color[n], alpha=0.15, lw=0)
-        ax.set(title=f"{titles[col] if len(groups) > 1 else 'all algorithms'}\n"
-                     f"sampled reward (mean over the last {window:.0f} s of training)",
-               ylabel="fraction of sampled completions correct", ylim=(0, 1))
-        bx.set(title=f"greedy accuracy on {args.eval_size} held-out prompts",
-               xlabel="training seconds (evaluations left out)", ylabel="greedy accuracy", ylim=(0, 1))
-        for a in (ax, bx): a.grid(alpha=0.3); a.legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"Tiny model, addition: {args.seconds:g} s of training per run, 1 torch thread, "
-                 f"{args.workers} run(s) at a time; mean ± std over seeds")
+        for i, n in enumerate(group):
+            runs = ok[n]
+            style = dict(color="black", lw=1.5, ls="--", zorder=5) if n == "grpo" else dict(color=cmap(i % 10), lw=2)
+            label = f"{n} (lr {runs[0]['settings'].get('learning_rate', float('nan')):g})"
+            for axis, xs, curves in (
+                    (ax, [it["iteration"] for it in runs[0]["iters"]],
+                     [moving_mean([it["sampled_reward"] for it in r["iters"]], window) for r in runs]),
+                    (bx, [e["iteration"] for e in runs[0]["evals"]], [[e["value"] for e in r["evals"]] for r in runs])):
+                length = min(len(c) for c in curves)
+                m = [mean([c[j] for c in curves]) for j in range(length)]
+                s = [std([c[j] for c in curves]) for j in range(length)]
+                axis.plot(xs[:length], m, label=label, marker="o" if axis is bx else None, ms=3, **style)
+                if len(curves) > 1:
+                    axis.fill_between(xs[:length], [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)],
+                                      color=style["color"], alpha=0.12, lw=0)
+        ax.set(title=f"{title}\nsampled reward (mean of the last {window} iterations)", ylabel="sampled reward")
+        bx.set(title=f"{task['eval_name']}\n{args.eval_size} held-out prompts", xlabel="iteration",
+               ylabel=task["eval_short"])
+        bx.set_ylim(0, 1 if args.task != "tool_use" else None)
+        ax.grid(alpha=0.3)
+        bx.grid(alpha=0.3)
+        bx.legend(fontsize=7, loc="lower right")  # one legend per column: the same lines in both rows
+    seeds = len(args.seeds.split(","))
+    fig.suptitle(f"{args.task}: {args.iterations} iterations per run, cosine schedule (warm-up {args.warmup}), "
+                 f"{args.threads} torch thread(s) per run\nmean ± std over {seeds} seed(s); GRPO dashed in each panel")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+    return True
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.child:
-        import warnings; warnings.filterwarnings("ignore")
+        import warnings
+        warnings.filterwarnings("ignore")
         print("RESULT " + json.dumps(run_one(json.loads(args.child))), flush=True)
         return
     import rlnb
@@ -322,53 +496,68 @@ def main(argv=None):
     if unknown: sys.exit(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     cpus = os.cpu_count() or 1
-    if args.workers > cpus:
-        print(f"warning: {args.workers} workers on {cpus} cores: the runs will slow each other down")
-    from rlnb.tiny import load_tiny_model
-    load_tiny_model("addition", progress=False)  # build the cached SFT model once, before any child needs it
+    if args.workers * args.threads > cpus:
+        print(f"warning: {args.workers} workers x {args.threads} threads on {cpus} cores: the runs will slow each "
+              "other down")
+    # build the cached models once, before any child needs them
+    if args.task == "tool_use": rlnb.load_tool_use_model()
+    elif args.task == "addition":
+        from rlnb.tiny import load_tiny_model
+        load_tiny_model("addition", progress=False)
+    skipped = {n: skip_reason(n, args.task) for n in names}
+    teacher = str(teacher_dir()) if "opd" in names and skipped["opd"] is None else None
     tmp = Path(tempfile.mkdtemp(prefix="rlnb_algorithms_"))
-    specs = [dict(algorithm=n, seed=s, seconds=args.seconds, eval_every=args.eval_every, eval_size=args.eval_size,
-                  settings=settings_for(n, args.set), output_dir=str(tmp / f"{n}_seed{s}"))
-             for s in seeds for n in names]
+    specs = [dict(algorithm=n, seed=s, task=args.task, iterations=args.iterations, warmup=args.warmup,
+                  eval_every=args.eval_every, eval_size=args.eval_size, threads=args.threads, teacher=teacher,
+                  settings=settings_for(n, args.set, args.task), output_dir=str(tmp / f"{n}_seed{s}"))
+             for s in seeds for n in names if skipped[n] is None]
     load_start = os.getloadavg()
     import torch, transformers
     print(f"rlnb {getattr(rlnb, '__version__', '?')}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}; {cpus} CPUs, "
           f"load average {load_start[0]:.2f} (1 min) at the start")
-    print(f"{len(names)} algorithms x {len(seeds)} seeds, {args.seconds:g} s each, {args.workers} worker(s), "
-          f"1 torch thread per run; "
+    print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds, {args.iterations} iterations each "
+          f"(cosine, warm-up {args.warmup}), {args.workers} worker(s) x {args.threads} torch thread(s); "
           f"evaluation every {args.eval_every} iterations on {args.eval_size} prompts; runs in {tmp}", flush=True)
+    for n, why in skipped.items():
+        if why: print(f"  {n}: skipped ({why})", flush=True)
     t0 = time.perf_counter()
-    results = []
+    results = [dict(algorithm=n, seed=s, skipped=why) for n, why in skipped.items() if why for s in seeds]
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         for r in pool.map(launch, specs):
             results.append(r)
-            if "error" in r: print(f"  {r['algorithm']} seed {r['seed']}: FAILED\n{r['error']}", flush=True)
-            else:
-                s = summarize(r)
-                print(f"  {r['algorithm']:12s} seed {r['seed']}: {s['iterations']:4d} it, {s['s_per_it']:.3f} s/it, "
-                      f"reward {s['reward_start']:.3f} -> {s['reward_end']:.3f}, "
-                      f"greedy acc {s['acc_start']:.3f} -> {s['acc_end']:.3f} (best {s['acc_best']:.3f})", flush=True)
+            if "error" in r:
+                print(f"  {r['algorithm']} seed {r['seed']}: FAILED\n{r['error']}", flush=True)
+                continue
+            s = summarize(r)
+            print(f"  {r['algorithm']:12s} seed {r['seed']}: {s['iterations']:4d} it, {s['s_per_it']:.3f} s/it, "
+                  f"sampled reward {s['reward_start']:.3f} -> {s['reward_end']:.3f}, {TASKS[args.task]['eval_short']} "
+                  f"{s['eval_start']:.3f} -> {s['eval_end']:.3f} (best {s['eval_best']:.3f}), "
+                  f"{r['process_s']:.0f} s", flush=True)
     elapsed = time.perf_counter() - t0
     load_end = os.getloadavg()
     by_algo = {n: [r for r in results if r["algorithm"] == n] for n in names}
     print(f"\n{elapsed:.0f} s in all; load average {load_start[0]:.2f} at the start, "
           f"{load_end[0]:.2f} at the end (1 min)\n")
-    print(table(by_algo))
-    print("\n" + per_seed_lines(by_algo))
+    print(table(by_algo, args.task))
+    print("\n" + caption(args.task, len(seeds)))
+    print("\n" + per_seed_lines(by_algo, args.task))
     if args.plot:
-        plot(by_algo, args, args.plot); print(f"\nplot: {args.plot}")
+        if plot(by_algo, args, args.plot): print(f"\nplot: {args.plot}")
     if args.json:
-        info = dict(args=vars(args), settings={n: settings_for(n, args.set) for n in names}, cpus=cpus,
+        info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
                     versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                                   python=platform.python_version()),
                     load_average=dict(start=load_start, end=load_end), elapsed_s=elapsed,
-                    summary={n: [summarize(r) for r in runs if "error" not in r] for n, runs in by_algo.items()},
+                    summary={n: [summarize(r) for r in runs if "error" not in r and "skipped" not in r]
+                             for n, runs in by_algo.items()},
                     runs=results)
-        Path(args.json).write_text(json.dumps(info, indent=1, default=str)); print(f"json: {args.json}")
+        Path(args.json).write_text(json.dumps(info, indent=1, default=str))
+        print(f"json: {args.json}")
     if args.keep: print(f"run folders kept in {tmp}")
     else:
-        import shutil; shutil.rmtree(tmp, ignore_errors=True)
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"The pure helpers of benchmarks/algorithms.py (the algorithm zoo): noise rule, smoothing, panels, settings."
+import importlib.util, math
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "algorithms.py"
+_spec = importlib.util.spec_from_file_location("zoo_script", _PATH)
+zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(zoo)
+
+
+def test_beyond_noise():
+    # means 0.8 and 0.7, stds 0.01 and 0.01, n 3 each: 2 SE = 2 * sqrt(2 * 0.0001 / 3) = 0.01633
+    diff, bound, verdict = zoo.beyond_noise([0.79, 0.80, 0.81], [0.69, 0.70, 0.71])
+    assert diff == pytest.approx(0.1) and bound == pytest.approx(2 * (2 * 1e-4 / 3) ** 0.5) and verdict == "yes"
+    diff, bound, verdict = zoo.beyond_noise([0.6, 0.8, 1.0], [0.7, 0.7, 0.7])  # std 0.2: 2 SE = 0.231 > 0.1
+    assert diff == pytest.approx(0.1) and bound == pytest.approx(2 * 0.2 / 3 ** 0.5) and verdict == "no"
+    diff, bound, verdict = zoo.beyond_noise([0.9], [0.5])  # one seed: no noise estimate
+    assert diff == pytest.approx(0.4) and math.isnan(bound) and verdict == "?"
+
+
+def test_mean_std_moving_mean():
+    assert zoo.mean([1.0, None, float("nan"), 3.0]) == 2.0 and math.isnan(zoo.mean([]))
+    assert zoo.std([1.0, 3.0]) == pytest.approx(2 ** 0.5) and zoo.std([5.0]) == 0.0
+    assert zoo.moving_mean([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert zoo.moving_mean([1.0, 2.0], 1) == [1.0, 2.0]
+
+
+def test_panels_put_grpo_in_each_family():
+    got = zoo.panels(["grpo", "dapo", "cispo", "remax", "dpo", "newcomer"])
+    assert [g for _, g in got] == [["grpo", "dapo"], ["grpo", "cispo"], ["grpo", "remax"], ["grpo", "dpo"],
+                                   ["grpo", "newcomer"]]
+    assert [g for _, g in zoo.panels(["grpo"])] == [["grpo"]]
+    assert [g for _, g in zoo.panels(["cispo", "sapo"])] == [["cispo", "sapo"]]
+
+
+def test_settings_for_scales_the_learning_rate_per_task():
+    assert zoo.settings_for("grpo", [])["learning_rate"] == 2e-3
+    assert zoo.settings_for("dpo", [], "tool_use")["learning_rate"] == pytest.approx(1e-4)  # half GRPO's 2e-4
+    assert zoo.settings_for("dpo", [], "tool_use")["group_size"] == 8
+    changed = zoo.settings_for("grpo", ["grpo.learning_rate=5e-3", "grpo.clip_eps=0.1", "dpo.beta=1"])
+    assert changed["learning_rate"] == 5e-3 and changed["algorithm_options"] == {"clip_eps": 0.1}
+    assert zoo.settings_for("not_listed", [])["learning_rate"] == zoo.DEFAULT_SETTINGS["learning_rate"]
+
+
+def test_every_registered_algorithm_has_settings_and_a_family():
+    from rlnb.algorithms import ALGORITHMS
+    listed = {n for _, family in zoo.FAMILIES for n in family}
+    assert set(ALGORITHMS) <= set(zoo.SETTINGS) and set(ALGORITHMS) <= listed
