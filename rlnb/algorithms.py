@@ -20,9 +20,10 @@ from .kl import KL_ESTIMATORS, check_kl_values, kl_k3
 
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
-           'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means', 'grpo_loss', 'compute_grpo_loss',
-           'compute_policy_gradient_loss', 'AlgorithmSpec', 'create_algorithm_config', 'create_grpo_config',
-           'compute_batch_advantages', 'compute_loss_by_algorithm', 'get_algorithm_config', 'toy_run']
+           'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means', 'policy_and_kl_losses', 'grpo_loss',
+           'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec', 'create_algorithm_config',
+           'create_grpo_config', 'compute_batch_advantages', 'compute_loss_by_algorithm', 'get_algorithm_config',
+           'toy_run']
 
 # %% ../nbs/30_algorithms.ipynb #6016c547
 _SCALES = ("group", "batch", "none")
@@ -181,6 +182,24 @@ def _check_grpo_knobs(fn: str, beta, clip_eps, clip_eps_high, log_ratio_clip, du
     if not callable(aggregation) and aggregation not in AGGREGATIONS:
         raise ValueError(f"{fn}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
 
+# %% ../nbs/30_algorithms.ipynb #c64a500e
+def policy_and_kl_losses(
+    policy_tok: Tensor,  # (B, C) the policy loss per token
+    logprobs: Tensor,  # (B, C) policy log-probs (float32, with grad), for the KL
+    keep: Tensor,  # (B, C) bool: the tokens that count
+    ref_logprobs: Tensor | None = None,  # (B, C) under the reference; the KL is measured when given
+    beta: float = 0.0,  # weight of the KL term (> 0 adds "loss/kl")
+    aggregation: str | Callable = "sequence_mean",  # see aggregate_loss
+    max_completion_length: int | None = None,  # L_max for aggregation="constant"
+    kl_fn: Callable | str | None = None,  # per-token KL; None = k3
+) -> tuple[dict[str, Tensor], Tensor | None]:  # ({"loss/policy", ["loss/kl"]}: scalars to sum, the KL (B, C) or None)
+    "The aggregated policy loss and, with beta > 0, beta x the aggregated per-token KL; the KL per token if measured."
+    losses = {"loss/policy": aggregate_loss(policy_tok, keep, aggregation, max_completion_length)}
+    kl_tok = (token_kl(logprobs, ref_logprobs.detach().to(logprobs.device, torch.float32), keep, kl_fn)
+              if ref_logprobs is not None else None)  # (B, C)
+    if beta > 0: losses["loss/kl"] = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length)
+    return losses, kl_tok
+
 # %% ../nbs/30_algorithms.ipynb #4d1815d5
 def _clip_metrics(keep, lp, ratio, adv, clip_eps, high, dual_clip, kl_tok, losses) -> dict[str, float]:
     "grpo_loss's metrics: the loss terms, then token means of the clip fractions, the ratio, -log pi (and the KL)."
@@ -227,15 +246,12 @@ def grpo_loss(
     ratio = torch.exp(log_ratio)  # (B, C), exactly 1 off the mask
     policy_tok = -clipped_surrogate_objective(ratio, adv, clip_eps, clip_eps_high)  # (B, C)
     if dual_clip is not None: policy_tok = torch.where(adv < 0, torch.minimum(policy_tok, -dual_clip * adv), policy_tok)
-    policy_loss = aggregate_loss(policy_tok, keep, aggregation, max_completion_length)
-    kl_tok = (token_kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn)
-              if ref_logprobs is not None else None)  # (B, C)
-    kl_loss = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length) if beta > 0 else None
-    losses = {"loss/policy": policy_loss, **({"loss/kl": kl_loss} if kl_loss is not None else {})}
+    losses, kl_tok = policy_and_kl_losses(policy_tok, lp, keep, ref_logprobs, beta, aggregation,
+                                          max_completion_length, kl_fn)
     with torch.no_grad():
         high = clip_eps if clip_eps_high is None else clip_eps_high
         metrics = _clip_metrics(keep, lp, ratio, adv, clip_eps, high, dual_clip, kl_tok, losses)
-    return (policy_loss if kl_loss is None else policy_loss + kl_loss), metrics
+    return sum(losses.values()), metrics
 
 # %% ../nbs/30_algorithms.ipynb #aee5c4b3
 def compute_grpo_loss(

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
-from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, advantages_2d, aggregate_loss,
-                             compute_grpo_advantages, grpo_loss, masked_means, token_kl)
+from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, advantages_2d, compute_grpo_advantages,
+                             grpo_loss, masked_means, policy_and_kl_losses)
 from .mismatch import ROLLOUT_CORRECTION_LEVELS
 
 # %% auto #0
@@ -72,17 +72,14 @@ def finish_policy_loss(
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "Aggregate a per-token policy loss, add beta x the KL term, and report grpo_loss's metrics plus `measured`."
     lp, keep = tokens.logprobs, tokens.keep
-    policy_loss = aggregate_loss(policy_tok, keep, aggregation, max_completion_length)
-    kl_tok = (token_kl(lp, ref_logprobs.detach().to(lp.device, torch.float32), keep, kl_fn)
-              if ref_logprobs is not None else None)  # (B, C)
-    kl_loss = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length) if beta > 0 else None
-    losses = {"loss/policy": policy_loss, **({"loss/kl": kl_loss} if kl_loss is not None else {})}
+    losses, kl_tok = policy_and_kl_losses(policy_tok, lp, keep, ref_logprobs, beta, aggregation,
+                                          max_completion_length, kl_fn)
     with torch.no_grad():
         vals = {**measured, "ratio/mean": tokens.log_ratio.exp(), "entropy/sampled_nll": -lp,
                 **({"kl/mean": kl_tok} if kl_tok is not None else {})}
         terms = dict(zip(losses, torch.stack([v.detach() for v in losses.values()]).tolist()))  # one copy
         metrics = {**terms, **masked_means(keep, **{k: v.detach() for k, v in vals.items()})}
-    return (policy_loss if kl_loss is None else policy_loss + kl_loss), metrics
+    return sum(losses.values()), metrics
 
 # %% ../nbs/35_policy_losses.ipynb #e1a6a934
 def cispo_loss(
