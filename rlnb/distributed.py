@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/distributed.html.md"""
 
 # %% ../nbs/48_distributed.ipynb #9805afc4
 from __future__ import annotations
-import atexit, hashlib, json, os, random
+import atexit, datetime, hashlib, json, os, random
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -19,9 +19,9 @@ from .rollouts import split_prompts
 from .training import _reward_metrics
 
 # %% auto #0
-__all__ = ['world_size', 'process_rank', 'init_distributed', 'config_digest', 'check_distributed_config', 'shard_prompts',
-           'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages', 'loss_share',
-           'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank']
+__all__ = ['world_size', 'process_rank', 'close_distributed', 'init_distributed', 'config_digest', 'check_distributed_config',
+           'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages',
+           'loss_share', 'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank']
 
 # %% ../nbs/48_distributed.ipynb #e24c1fb1
 def world_size() -> int:  # processes training together (1 without a process group)
@@ -39,6 +39,18 @@ def _device() -> torch.device:
     nccl = dist.is_initialized() and dist.get_backend() == "nccl"
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
+# %% ../nbs/48_distributed.ipynb #78411713
+def close_distributed(
+    timeout: float = 30.0,  # seconds to wait for the other ranks (gloo) before leaving anyway
+) -> None:
+    "Leave the process group together: wait for every rank, then destroy the group (nothing without a group)."
+    if not (dist.is_available() and dist.is_initialized()): return
+    try:  # a rank that tears down its sockets while a peer still reads them can abort that peer (gloo)
+        if dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
+        else: dist.barrier()
+    except RuntimeError: pass  # a rank died or stayed behind: leave anyway, its launcher reports it
+    dist.destroy_process_group()
+
 # %% ../nbs/48_distributed.ipynb #68aff8ac
 def init_distributed(
     backend: str | None = None,  # "gloo" or "nccl" (None: nccl when CUDA is available, else gloo)
@@ -54,7 +66,7 @@ def init_distributed(
     if backend is None: backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl": torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
-    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    atexit.register(close_distributed)
     return dist.get_world_size()
 
 # %% ../nbs/48_distributed.ipynb #d3bcd8b2

@@ -8,6 +8,7 @@ import torch.multiprocessing as mp
 
 from rlnb.algorithms import ALGORITHMS, create_algorithm_config
 from rlnb.core import GenerationConfig, TrainingConfig, TrainingState, set_seed
+from rlnb.distributed import close_distributed
 from rlnb.kl import create_reference_model
 from rlnb.models import apply_lora
 from rlnb.rollouts import create_batch_rollouts
@@ -98,7 +99,7 @@ def _update_worker(rank, world, port, out):
         results.append(one_update(policy, tok, as_vectors(mine), *VECTOR, start))
         said = _refusals(rank)  # in the same processes: each start costs seconds
         if rank == 0: torch.save((results, said), out)
-    finally: dist.destroy_process_group()
+    finally: close_distributed()
 
 
 def test_two_processes_take_the_single_process_update_and_refuse_bad_launches(tmp_path):
@@ -142,7 +143,7 @@ def _in_group(rank, world, port, worker, args):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try: worker(rank, world, *args)
-    finally: dist.destroy_process_group()
+    finally: close_distributed()
 
 
 def _train_and_resume(rank, world, root):
