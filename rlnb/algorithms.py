@@ -22,8 +22,8 @@ from .kl import KL_ESTIMATORS, check_kl_values, kl_k3
 __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
            'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means', 'policy_and_kl_losses', 'grpo_loss',
            'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec', 'create_algorithm_config',
-           'create_grpo_config', 'compute_batch_advantages', 'compute_loss_by_algorithm', 'get_algorithm_config',
-           'toy_run']
+           'create_grpo_config', 'batch_fields_for', 'compute_batch_advantages', 'compute_loss_by_algorithm',
+           'get_algorithm_config', 'toy_run']
 
 # %% ../nbs/30_algorithms.ipynb #6016c547
 _SCALES = ("group", "batch", "none")
@@ -384,7 +384,11 @@ def _algorithm_knobs(fn: str, algorithm_config: Mapping[str, Any]) -> tuple[Algo
     return spec, adv_kw, loss_kw, unused
 
 # %% ../nbs/30_algorithms.ipynb #7edaa910
-def _batch_fields(f: Callable, batch: CollatedBatch, skip=()) -> dict:
+def batch_fields_for(
+    f: Callable,  # an advantage function or policy loss
+    batch: CollatedBatch,  # the collated batch
+    skip=(),  # field names passed otherwise
+) -> dict:  # {field name: the batch's tensor} for each field f takes
     "The fields of `batch` that `f`'s signature names (e.g. group_ids, loss_mask, old_values), except `skip`."
     params = inspect.signature(f).parameters
     return {k: getattr(batch, k) for k in batch._fields if k in params and k not in skip}
@@ -408,8 +412,8 @@ def compute_batch_advantages(
     "The algorithm's advantage_fn on a batch: rewards, groups, any batch field it names (PPO: loss_mask, old_values)."
     spec, adv_kw, _, _ = _algorithm_knobs("compute_batch_advantages", algorithm_config)
     if spec.group_relative: _check_grouping("compute_batch_advantages", batch.group_ids)
-    out = spec.advantage_fn(batch.rewards, batch.group_ids,
-                            **_batch_fields(spec.advantage_fn, batch, ("rewards", "group_ids", "advantages")), **adv_kw)
+    fields = batch_fields_for(spec.advantage_fn, batch, ("rewards", "group_ids", "advantages"))
+    out = spec.advantage_fn(batch.rewards, batch.group_ids, **fields, **adv_kw)
     return (batch._replace(advantages=out[0], returns=out[1]) if isinstance(out, tuple)
             else batch._replace(advantages=out))
 
@@ -432,7 +436,7 @@ def compute_loss_by_algorithm(
     if batch.advantages is None: batch = compute_batch_advantages(batch, algorithm_config)
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
     # e.g. group_ids, rewards; PPO: values, old_values, returns
-    fields = _batch_fields(spec.policy_loss, batch, _PASSED)
+    fields = batch_fields_for(spec.policy_loss, batch, _PASSED)
     return spec.policy_loss(logprobs, old, batch.advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs,
                             **fields, **loss_kw)
 

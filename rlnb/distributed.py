@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .core import CollatedBatch, TrainingConfig, TrainingStats, to_jsonable
-from .algorithms import ALGORITHMS, _batch_fields, compute_batch_advantages
+from .algorithms import ALGORITHMS, batch_fields_for, compute_batch_advantages
 from .rollouts import split_prompts
-from .training import _reward_metrics
+from .training import reward_metrics
 
 # %% auto #0
 __all__ = ['world_size', 'process_rank', 'close_distributed', 'init_distributed', 'config_digest', 'check_distributed_config',
@@ -184,7 +184,7 @@ def batch_advantages(
 ) -> CollatedBatch:  # `cb` with the advantages (and returns) of its own rows
     "The advantages of the whole batch (every rank's rows), computed once per rank, cut back to this rank's rows."
     spec = ALGORITHMS[algorithm_config["name"]]
-    names = ["rewards", "group_ids", *_batch_fields(spec.advantage_fn, cb, ("rewards", "group_ids", "advantages"))]
+    names = ["rewards", "group_ids", *batch_fields_for(spec.advantage_fn, cb, ("rewards", "group_ids", "advantages"))]
     names = [k for k in names if getattr(cb, k) is not None]
     mine = {k: getattr(cb, k).detach().cpu() for k in names}
     rng = torch.get_rng_state() if process_rank() == 0 else None  # rank 0's random stream, for every rank
@@ -270,7 +270,7 @@ def reduced_stats(
     if cb.advantages is not None:  # the reward statistics of the whole batch, groups kept apart
         counts = [g for _, _, g, _ in parts]
         gids = [_global_groups(r[2], counts, k) for k, (_, _, _, r) in enumerate(parts)]
-        merged.update(_reward_metrics(_joined([r[0] for *_, r in parts]), _joined([r[1] for *_, r in parts]),
+        merged.update(reward_metrics(_joined([r[0] for *_, r in parts]), _joined([r[1] for *_, r in parts]),
                                       _joined(gids)))
     return stats._replace(loss=merged["loss/total"], kl_divergence=merged.get("kl/mean", 0.0),
                           rewards_mean=merged.get("reward/mean", 0.0), rewards_std=merged.get("reward/std", 0.0),

@@ -39,7 +39,8 @@ from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
-           'create_training_state', 'default_num_threads', 'training_step', 'training_iteration', 'train']
+           'create_training_state', 'default_num_threads', 'reward_metrics', 'training_step', 'training_iteration',
+           'train']
 
 # %% ../nbs/42_training.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -201,7 +202,11 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
     return [(i, len(i) / B) for i in chunks]
 
 # %% ../nbs/42_training.ipynb #0d740d6b
-def _reward_metrics(raw: Tensor, used: Tensor, group_ids: Tensor) -> dict[str, float]:
+def reward_metrics(
+    raw: Tensor,  # (B,) or (B, K): the rewards as scored
+    used: Tensor,  # (B,) or (B, K): the rewards the advantages used (after any transform)
+    group_ids: Tensor,  # (B,) each rollout's group
+) -> dict[str, float]:  # reward/mean, reward/std, reward/zero_std_frac, ...
     "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
     out = {}
     if used.ndim == 2: used = used.sum(1)  # an algorithm that takes the vector (GDPO): its components' sum
@@ -218,7 +223,7 @@ def _step_stats(per_update: list[dict], cb: CollatedBatch, raw_rewards: Tensor, 
                 algo: Mapping) -> TrainingStats:
     "The step's record: each metric averaged over the updates, then the rewards, learning rate and tokens sampled."
     metrics = {k: sum(u.get(k, 0.0) for u in per_update) / len(per_update) for k in per_update[0]}
-    if cb.advantages is not None: metrics.update(_reward_metrics(raw_rewards, cb.rewards, cb.group_ids))
+    if cb.advantages is not None: metrics.update(reward_metrics(raw_rewards, cb.rewards, cb.group_ids))
     metrics.update({"lr": lr, "tokens/generated": float(cb.completion_mask.sum()), "algorithm": algo.get("name")})
     return TrainingStats(loss=metrics["loss/total"], grad_norm=metrics["grad_norm"], learning_rate=lr,
                          kl_divergence=metrics.get("kl/mean", 0.0), rewards_mean=metrics.get("reward/mean", 0.0),
