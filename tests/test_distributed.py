@@ -343,6 +343,7 @@ def _fsdp_train(rank, world, root):
     train(TrainingConfig(output_dir=str(Path(root) / "fsdp"), fsdp=True, **FSDP_RUN), progress=False)
 
 
+@pytest.mark.slow
 def test_an_fsdp_run_checkpoints_and_resumes_in_one_process(tmp_path):
     "2 sharded iterations, evaluated and checkpointed by rank 0; one process (no FSDP) resumes the full weights."
     from safetensors.torch import load_file
@@ -360,3 +361,19 @@ def test_an_fsdp_run_checkpoints_and_resumes_in_one_process(tmp_path):
     assert any((weights[k] != saved[k]).any() for k in saved if k in weights)  # the third step moved them
     with pytest.raises(ValueError, match="fsdp=True shards the model over several processes"):
         train(TrainingConfig(fsdp=True, num_iterations=1, eval_every=0), progress=False)
+
+
+@pytest.mark.slow
+def test_the_fsdp_torchrun_command_trains_every_weight(tmp_path):
+    "The chapter's launch command, `torchrun ... -m rlnb.cli train -p fsdp True -p lora_r 0`, on the tiny model."
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    params = ["-p", "fsdp", "True", "-p", "lora_r", "0", "-p", "output_dir", str(tmp_path / "fsdp"), "-p",
+              "num_iterations", "2", "-p", "prompts_per_step", "4", "-p", "group_size", "4", "-p", "eval_every", "2",
+              "-p", "eval_size", "8"]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "rlnb.cli", "train", *params],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("trained 2 steps with 2 process(es)") == 1, done.stdout
+    assert (tmp_path / "fsdp" / "checkpoint" / "model.safetensors").is_file()  # every weight, gathered by rank 0
