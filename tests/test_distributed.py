@@ -341,16 +341,22 @@ FSDP_RUN = dict(num_iterations=2, prompts_per_step=4, group_size=4, eval_every=2
 def _fsdp_train(rank, world, root):
     from rlnb.training import train
     train(TrainingConfig(output_dir=str(Path(root) / "fsdp"), fsdp=True, **FSDP_RUN), progress=False)
+    halves = TrainingConfig(output_dir=str(Path(root) / "halves"), fsdp=True, **FSDP_RUN)
+    train(halves, progress=False, stop_fn=lambda state, metrics: state.iteration == 1)  # a checkpoint at 1
+    train(halves._replace(resume=True), progress=False)  # loaded whole, sharded again, on to 2
 
 
 @pytest.mark.slow
 def test_an_fsdp_run_checkpoints_and_resumes_in_one_process(tmp_path):
-    "2 sharded iterations, evaluated and checkpointed by rank 0; one process (no FSDP) resumes the full weights."
+    "2 sharded iterations, evaluated and checkpointed by rank 0 (stopped and resumed sharded: the same weights); one "
+    "process (no FSDP) resumes the full weights."
     from safetensors.torch import load_file
     from rlnb.training import train
     _spawned(_fsdp_train, str(tmp_path))
     folder = tmp_path / "fsdp"
     saved = load_file(str(folder / "checkpoint" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "halves" / "checkpoint" / "model.safetensors"))
+    for k in saved: torch.testing.assert_close(resumed[k], saved[k], rtol=0, atol=0, msg=k)  # the same run
     rows = _rows(folder)
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2] and any("eval/accuracy" in r for r in rows)
     state = train(TrainingConfig(output_dir=str(folder), resume=True, **{**FSDP_RUN, "num_iterations": 3}),
