@@ -308,7 +308,7 @@ def is_sharded(
     from torch.distributed.fsdp import FSDPModule
     return isinstance(module, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in module.modules())
 
-
+# %% ../nbs/48_distributed.ipynb #f62d5943
 def decoder_layers(
     model: torch.nn.Module,  # a transformers causal LM (or a peft model around one)
 ) -> list:  # the blocks to shard one by one, in order
@@ -369,7 +369,7 @@ def shard_training_state(
 ) -> object:  # the same state, its modules sharded and its optimizer on the sharded parameters
     "Shard every module of a run with FSDP2 and move its optimizer (and any optimizer state) onto the shards."
     modules = [m for m in (state.model, state.ref_model, state.value_head) if isinstance(m, torch.nn.Module)]
-    for k, m in enumerate(modules):
+    for m in modules:
         before = dict(m.named_parameters())
         shard_module(m, layers=[] if m is state.value_head else None)
         if state.optimizer is not None: _repoint_optimizer(state.optimizer, before, dict(m.named_parameters()))
@@ -465,7 +465,7 @@ def sharded_hooks(
         if writer: checkpoint_fn(full)
     return sample, evaluate if eval_fn is not None else None, save if checkpoint_fn is not None else None
 
-
+# %% ../nbs/48_distributed.ipynb #07e430e2
 def even_micro_batches(
     chunks: list,  # [(row indices, weight)]: this rank's micro-batches
 ) -> list:  # the same, then (rows of the first, weight 0) until every rank has as many
