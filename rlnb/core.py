@@ -160,6 +160,7 @@ class TrainingConfig(NamedTuple):
     entropy_coef_step: float = 1e-4  # the adaptive weight's change per iteration (Skywork-OR1: 1e-4)
     entropy_coef_max: float = 5e-3  # the adaptive weight's ceiling (Skywork-OR1: 0.005)
     lora_r: int = 8  # LoRA rank (alpha: 2 r); 0 trains every weight
+    fsdp: bool = False  # several processes: shard weights, gradients and optimizer state (FSDP2), not a copy each
     updates_per_batch: int = 1  # optimizer updates on each rollout batch (GRPO's mu)
     micro_batch_size: int | None = None  # sequences per forward/backward pass (None: the whole batch)
     seed: int = 0  # seeds the LoRA init, the sampling and the prompt stream

@@ -6,14 +6,14 @@ Docs: https://rlnb.github.io/rlnb/distributed.html.md"""
 
 # %% ../nbs/48_distributed.ipynb #9805afc4
 from __future__ import annotations
-import atexit, datetime, hashlib, json, os, random
+import atexit, contextlib, copy, datetime, hashlib, json, os, random
 from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .core import CollatedBatch, TrainingConfig, TrainingStats, to_jsonable
+from .core import CollatedBatch, TrainingConfig, TrainingStats, is_peft_model, to_jsonable
 from .algorithms import ALGORITHMS, batch_fields_for, compute_batch_advantages
 from .rollouts import split_prompts
 from .training import reward_metrics
@@ -21,7 +21,9 @@ from .training import reward_metrics
 # %% auto #0
 __all__ = ['world_size', 'process_rank', 'close_distributed', 'init_distributed', 'config_digest', 'check_distributed_config',
            'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages',
-           'loss_share', 'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank']
+           'loss_share', 'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank', 'is_sharded',
+           'decoder_layers', 'shard_module', 'shard_training_state', 'full_parameters', 'full_training_state',
+           'sharded_hooks', 'even_micro_batches']
 
 # %% ../nbs/48_distributed.ipynb #e24c1fb1
 def world_size() -> int:  # processes training together (1 without a process group)
@@ -100,6 +102,9 @@ def check_distributed_config(
     if world > 1 and config.entropy_top_fraction < 1:
         raise ValueError(f"{fn}: entropy_top_fraction={config.entropy_top_fraction} ranks the tokens of one process's "
                          "batch only; set it to 1 with several processes")
+    if config.fsdp and config.generator != "hf":
+        raise ValueError(f"{fn}: fsdp=True samples with the sharded policy itself (generator='hf'); "
+                         f"generator={config.generator!r} copies the model, which a sharded model does not allow")
     if world > 1 and config.generator.startswith("vllm"):
         raise ValueError(f"{fn}: generator={config.generator!r} runs in one process only (one engine per run); "
                          "use generator='hf' with several processes")
@@ -153,11 +158,20 @@ def sync_parameters(
 ) -> int:  # how many tensors were broadcast (0: all were in sync already)
     "Broadcast from rank 0 every parameter not yet shared: the policy at the first step, PPO's head when it appears."
     modules = [m for m in (state.model, state.value_head) if m is not None]
-    fresh = [p for m in modules for p in m.parameters() if p.requires_grad and not getattr(p, "_rlnb_synced", False)]
+    fresh = [p for m in modules for p in m.parameters()
+             if p.requires_grad and not getattr(p, "_rlnb_synced", False) and not _is_shard(p)]
     for p in fresh:
         dist.broadcast(p.data, src=0)
         p._rlnb_synced = True
+    if is_sharded(state.model) and state.value_head is not None and not is_sharded(state.value_head):
+        shard_training_state(state)  # PPO's head, new at its first step: sharded like the policy
     return len(fresh)
+
+
+def _is_shard(p: Tensor) -> bool:
+    "Whether `p` is a DTensor (FSDP's sharded parameter): FSDP, not rlnb, moves its data and its gradient."
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor)
 
 # %% ../nbs/48_distributed.ipynb #755a39c2
 def _every_rank(obj) -> list:
@@ -237,7 +251,8 @@ def averaged_step(
 ) -> Callable:  # the same step, taken on the all-reduced gradient
     "`step_fn` preceded by the all-reduce of the gradients: every rank then takes the same optimizer step."
     def step(state, max_grad_norm):
-        all_reduce_gradients([p for g in state.optimizer.param_groups for p in g["params"] if p.requires_grad], share)
+        plain = [p for g in state.optimizer.param_groups for p in g["params"] if p.requires_grad and not _is_shard(p)]
+        all_reduce_gradients(plain, 1.0 if is_sharded(state.model) else share)  # sharded: each loss x share already
         return step_fn(state, max_grad_norm)
     return step
 
@@ -284,3 +299,177 @@ def any_rank(
     t = torch.tensor([int(bool(flag))], device=_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+# %% ../nbs/48_distributed.ipynb #0197f01f
+def is_sharded(
+    module,  # a model, a reference, a value head, or anything else (None, an adapters-off handle)
+) -> bool:  # True if some submodule is an FSDP module
+    "Whether `module` holds parameters sharded by `fully_shard` (FSDP2): then every rank must join its forwards."
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(module, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in module.modules())
+
+# %% ../nbs/48_distributed.ipynb #f62d5943
+def decoder_layers(
+    model: torch.nn.Module,  # a transformers causal LM (or a peft model around one)
+) -> list:  # the blocks to shard one by one, in order
+    "The model's repeated blocks (its `_no_split_modules` classes, e.g. Qwen2DecoderLayer): one FSDP group each."
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(inner, "_no_split_modules", None) or ())
+    layers = [m for m in inner.modules() if type(m).__name__ in names]
+    if not layers:  # a model that does not name its blocks: the entries of a ModuleList called `layers`
+        layers = [b for n, m in inner.named_modules() if n.endswith("layers") and isinstance(m, torch.nn.ModuleList)
+                  for b in m]
+    if not layers:
+        raise ValueError(f"decoder_layers: {type(inner).__name__} names no repeated block (no `_no_split_modules`, "
+                         "no ModuleList called `layers`); shard it with torch's fully_shard yourself")
+    return layers
+
+# %% ../nbs/48_distributed.ipynb #18195305
+def _meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+    "A copy of `module` whose parameters and buffers are on the meta device: its structure, no memory."
+    memo = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = torch.nn.Parameter(empty, t.requires_grad) if isinstance(t, torch.nn.Parameter) else empty
+    return copy.deepcopy(module, memo)  # tied weights share one entry of `memo`: they stay tied
+
+
+def shard_module(
+    module: torch.nn.Module,  # a causal LM (layers, then the whole, are sharded) or a small module (sharded whole)
+    layers: Sequence | None = None,  # its blocks (None: decoder_layers(module) for a model with a config, else none)
+) -> torch.nn.Module:  # the same module, sharded in place over the process group
+    "Shard `module` with FSDP2 over every rank: rank 0's weights, one group per layer then the root, gradients summed."
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    if is_sharded(module): return module
+    for t in [*module.parameters(), *module.buffers()]: dist.broadcast(t.data, src=0)
+    module._rlnb_plain = (_meta_copy(module),)  # in a tuple: not registered as a submodule
+    if layers is None: layers = decoder_layers(module) if hasattr(module, "config") else []
+    for block in layers: fully_shard(block)
+    fully_shard(module.get_base_model() if hasattr(module, "get_base_model") else module)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):  # sum the ranks' gradients: each rank's loss carries its share already
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return module
+
+# %% ../nbs/48_distributed.ipynb #44078e3a
+def _repoint_optimizer(optimizer, before: dict, after: dict) -> None:
+    "Point `optimizer` at the sharded `after` (name -> DTensor) of `before` (name -> plain parameter); shard its state."
+    from torch.distributed.tensor import distribute_tensor
+    new = {id(p): after[name] for name, p in before.items() if after[name] is not p}  # sharded just now
+    for group in optimizer.param_groups: group["params"] = [new.get(id(p), p) for p in group["params"]]
+    for old in [p for p in list(optimizer.state) if id(p) in new]:
+        p, saved = new[id(old)], optimizer.state.pop(old)
+        optimizer.state[p] = {k: distribute_tensor(v, p.device_mesh, p.placements)
+                              if isinstance(v, Tensor) and v.shape == p.shape else v for k, v in saved.items()}
+
+
+def shard_training_state(
+    state,  # a TrainingState: its policy, reference copy (not an adapters-off handle) and value head
+) -> object:  # the same state, its modules sharded and its optimizer on the sharded parameters
+    "Shard every module of a run with FSDP2 and move its optimizer (and any optimizer state) onto the shards."
+    modules = [m for m in (state.model, state.ref_model, state.value_head) if isinstance(m, torch.nn.Module)]
+    for m in modules:
+        before = dict(m.named_parameters())
+        shard_module(m, layers=[] if m is state.value_head else None)
+        if state.optimizer is not None: _repoint_optimizer(state.optimizer, before, dict(m.named_parameters()))
+    return state
+
+# %% ../nbs/48_distributed.ipynb #f3cfb0b7
+@contextlib.contextmanager
+def full_parameters(
+    *modules,  # models, references, value heads (anything else, e.g. None or an adapters-off handle, is skipped)
+):
+    "Gather every sharded module whole for the block (one all-gather each, on every rank); shard them again after."
+    from torch.distributed.fsdp import FSDPModule
+    found = {id(m): m for x in modules if isinstance(x, torch.nn.Module) for m in x.modules()
+             if isinstance(m, FSDPModule)}
+    fsdp = list(found.values())
+    inner = {id(c) for m in fsdp for c in list(m.modules())[1:] if isinstance(c, FSDPModule)}
+    managed = [m for x in fsdp for m in x.modules() if getattr(m, "_is_fsdp_managed_module", False)]
+    for m in fsdp:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    for m in managed: m._is_fsdp_managed_module = False  # transformers' generate: no lock-step (synced_gpus) needed
+    try: yield
+    finally:
+        for m in managed: m._is_fsdp_managed_module = True
+        for m in fsdp:
+            m.reshard()
+            m.set_reshard_after_forward(id(m) in inner, recurse=False)  # layers free after forward; roots keep
+
+# %% ../nbs/48_distributed.ipynb #6feb541f
+def _whole(t, keep: bool):
+    "A tensor, gathered whole if sharded (a collective: every rank calls it), on the CPU if `keep`, else None."
+    from torch.distributed.tensor import DTensor
+    full = t.full_tensor() if isinstance(t, DTensor) else t
+    return full.detach().cpu().clone() if keep else None
+
+
+def _gathered_module(module, keep: bool):
+    "A plain copy of sharded `module` (its skeleton, the gathered tensors assigned) on rank 0; None elsewhere."
+    peft, seen, weights = is_peft_model(module), {}, {}
+    trained = {n for n, p in module.named_parameters() if p.requires_grad}
+    # keep_vars: tied weights are one object; under LoRA only the adapters are saved, the rest stays behind
+    for name, t in module.state_dict(keep_vars=True).items():
+        if peft and name not in trained: continue
+        if id(t) not in seen: seen[id(t)] = _whole(t, keep)  # tied weights: gathered once, kept tied
+        weights[name] = seen[id(t)]
+    if not keep: return None
+    plain = copy.deepcopy(module._rlnb_plain[0])
+    plain.load_state_dict(weights, strict=False, assign=True)  # assigned one by one: tied weights come apart
+    first, named = {}, dict(plain.named_parameters(remove_duplicate=False))
+    for name, t in weights.items():
+        if first.setdefault(id(t), name) != name and name in named:  # tie them again: one parameter
+            owner, _, attr = name.rpartition(".")
+            setattr(plain.get_submodule(owner), attr, plain.get_parameter(first[id(t)]))
+    return plain
+
+
+class _SavedOptimizer:
+    "An optimizer's state dict, gathered whole: what save_checkpoint writes of an optimizer."
+    def __init__(self, saved: dict): self.saved = saved
+    def state_dict(self) -> dict: return self.saved
+
+
+def full_training_state(
+    state,  # a TrainingState whose modules were sharded by shard_training_state
+) -> object | None:  # rank 0: the same run as a plain TrainingState on the CPU; other ranks: None (they only gather)
+    "Gather a sharded run whole for its checkpoint: every rank takes part, rank 0 gets a state save_checkpoint writes."
+    keep = process_rank() == 0
+    model = _gathered_module(state.model, keep)
+    head = _gathered_module(state.value_head, keep) if is_sharded(state.value_head) else state.value_head
+    optimizer = None
+    if state.optimizer is not None:
+        saved = state.optimizer.state_dict()  # {"state": {index: {name: tensor}}, "param_groups": [...]}
+        moments = {i: {k: _whole(v, keep) if isinstance(v, Tensor) else v for k, v in saved["state"][i].items()}
+                   for i in sorted(saved["state"])}
+        optimizer = _SavedOptimizer({**saved, "state": moments}) if keep else None
+    if not keep: return None
+    return state._replace(model=model, value_head=head, optimizer=optimizer, ref_model=None, teacher=None)
+
+# %% ../nbs/48_distributed.ipynb #0d13929a
+def sharded_hooks(
+    rollout_fn: Callable,  # (model, tokenizer, prompts, config) -> Batch
+    eval_fn: Callable | None,  # state -> metrics (None: no evaluation)
+    checkpoint_fn: Callable | None,  # state -> None, rank 0's (None: no checkpoints)
+    writer: bool,  # whether this rank evaluates and writes (rank 0)
+) -> tuple:  # (rollout_fn, eval_fn, checkpoint_fn) for this rank: each joins the gathers every rank makes
+    "The run's sampling, evaluation and checkpoint hooks for a sharded model: each gathers the weights on every rank."
+    def sample(model, tokenizer, prompts, config):
+        with full_parameters(model): return rollout_fn(model, tokenizer, prompts, config)
+    def evaluate(state):
+        with full_parameters(state.model): return eval_fn(state) if writer else {}
+    def save(state):
+        full = full_training_state(state)
+        if writer: checkpoint_fn(full)
+    return sample, evaluate if eval_fn is not None else None, save if checkpoint_fn is not None else None
+
+# %% ../nbs/48_distributed.ipynb #07e430e2
+def even_micro_batches(
+    chunks: list,  # [(row indices, weight)]: this rank's micro-batches
+) -> list:  # the same, then (rows of the first, weight 0) until every rank has as many
+    "This rank's micro-batches padded with passes of weight 0, so every rank runs as many sharded forwards."
+    most = torch.tensor([len(chunks)], device=_device())
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return list(chunks) + [(chunks[0][0], 0.0)] * (int(most) - len(chunks))

@@ -305,8 +305,10 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
                       cfg: TrainingConfig, measure_kl: bool, iteration: int,
                       fn: str) -> tuple[Tensor, Mapping, Tensor]:
     "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), the entropy bonus."
+    dp = _data_parallel()  # sharded (FSDP): one forward per micro-batch on every rank, so no shared-prompt pass
     out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
-                                      temperature=cfg.temperature, value_head=head, return_entropy=True)
+                                      temperature=cfg.temperature, value_head=head, return_entropy=True,
+                                      share_prompts=dp is None or not dp.is_sharded(model))
     logprobs, entropy = out[0], out[1]  # (b, C) each, with grad
     if head is not None: mb = mb._replace(values=out[2])  # PPO: values from the same pass
     loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
@@ -330,7 +332,7 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
 
 def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, loss_fn: Callable, algo: Mapping,
                 kl_fn: Callable | None, cfg: TrainingConfig, step_fn: Callable, first: bool,
-                fn: str) -> tuple[TrainingState, dict]:
+                fn: str, scale: float = 1.0) -> tuple[TrainingState, dict]:
     "Steps 4 and 5: each micro-batch's loss, scaled by its share, back-propagated; then one optimizer step."
     totals, loss_value = {}, 0.0
     # the sampler's log-probs not yet compared with the trainer's (no rescoring pass): compared with this update's
@@ -339,7 +341,7 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
     for idx, weight in chunks:
         loss, metrics, logprobs = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn, cfg,
                                                     first, state.iteration, fn)
-        (loss * weight).backward()
+        (loss * weight * scale).backward()  # scale: a sharded rank's share of the batch (FSDP sums the ranks)
         loss_value += weight * loss.item()
         for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
         if trainer is not None: trainer[idx] = logprobs.to(trainer.dtype)
@@ -403,20 +405,23 @@ def training_step(
     head = state.value_head if spec is not None and spec.value_head else None
     dp = _data_parallel()  # several processes: the shared pieces below (None in one process)
     if dp is not None: dp.sync_parameters(state)  # rank 0's weights (and PPO's new head) on every rank
-    cb = _shared_quantities(state, cb, algo, spec, head, cfg, advantages=dp is None)  # 3.
+    with dp.full_parameters(state.model, state.ref_model, head) if dp is not None else contextlib.nullcontext():
+        cb = _shared_quantities(state, cb, algo, spec, head, cfg, advantages=dp is None)  # 3.; sharded: gathered
     if dp is not None and spec is not None: cb = dp.batch_advantages(cb, algo)  # from every rank's rows
     cb, mismatch = _corrected(cb, algo, cfg, fn)  # the sampler's tokens reweighted or dropped, if asked
     # the high-entropy token mask (once per batch) and this step's entropy bonus weight (in step_cfg)
     cb, step_cfg, entropy_metrics = apply_entropy_controls(state, cb, cfg, spec, fn)
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
+    scale = 1.0
     if dp is not None:  # gradients summed over ranks, each weighted by its share of the loss's tokens, rows or pairs
         share = dp.loss_share(cb, algo, units)
         step_fn = dp.averaged_step(step_fn, share)
+        if dp.is_sharded(state.model): chunks, scale = dp.even_micro_batches(chunks), share  # FSDP: loss x share
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
     for update in range(cfg.updates_per_batch):  # 4. and 5.
         state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, step_cfg, step_fn, update == 0,
-                                     fn)
+                                     fn, scale)
         per_update.append(metrics)
     stats = _step_stats(per_update, cb, raw_rewards, lr, algo)
     stats = stats._replace(custom_metrics={**stats.custom_metrics, **mismatch, **entropy_metrics})
@@ -956,6 +961,10 @@ def train(
     if teacher is not None and config.teacher is not None:
         raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
     dp = _data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; None in one process
+    if config.fsdp and dp is None:
+        raise ValueError(f"{fn}: fsdp=True shards the model over several processes, but this is one; launch with "
+                         "`torchrun --nproc_per_node N -m rlnb.cli train ...`, or set fsdp=False (a checkpoint of a "
+                         "sharded run resumes in one process with fsdp=False)")
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
         if dp is not None: dp.check_distributed_config(config)  # the same config everywhere; after every rank's check
@@ -965,6 +974,7 @@ def train(
         state = attach_teacher(state, tokenizer, teacher, first, config.dtype, fn)
         with _torch_threads(default_num_threads(state.model, config.num_threads)):
             if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
+            if config.fsdp: state = dp.shard_training_state(state)  # FSDP (chapter *Several processes*): after resume
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
             prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
             if dp is not None: prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # a block
@@ -974,7 +984,10 @@ def train(
                 eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
             loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
                                                     progress)
-            if not _is_writer(): loggers, checkpoint_fn, eval_fn = [], None, None  # rank 0 logs, saves, evaluates
+            if config.fsdp:  # every rank joins the gathers of sampling, evaluation and checkpoints (rank 0 writes)
+                rollout_fn, eval_fn, checkpoint_fn = dp.sharded_hooks(rollout_fn, eval_fn, checkpoint_fn, _is_writer())
+            elif not _is_writer(): checkpoint_fn, eval_fn = None, None  # rank 0 saves, evaluates
+            if not _is_writer(): loggers = []  # and logs
             return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
                          stop_fn)

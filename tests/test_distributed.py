@@ -255,3 +255,131 @@ def test_a_two_process_run_learns(tmp_path):
     assert len(rewards) == 20 and others == []  # rank 0 alone logs (the whole batch's mean reward)
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last >= first + 0.3 and last >= 0.85, (first, last)
+
+
+# (algorithm, options, LoRA rank (0: every weight trained), micro-batch size: then rank 0 takes 4 rollouts, rank 1 12)
+FSDP_CASES = [("grpo", {}, 0, None), ("ppo", {}, 0, None), ("grpo", {"beta": 0.04}, 0, None), ("dpo", {}, 0, None),
+              ("grpo", {}, 4, None), ("grpo", {}, 0, 4)]
+
+
+def full_policy_and_rollouts(lora_r: int = 0):
+    "The tiny policy moved off its start (every weight trained, or LoRA of rank `lora_r`) and the rollouts above."
+    torch.set_num_threads(1)
+    policy, tok, rollouts = policy_and_rollouts()  # rollouts sampled by the LoRA policy: any tokens will do
+    base, _ = load_tiny_model("addition")
+    set_seed(0)
+    with torch.no_grad():
+        for p in base.parameters(): p.add_(0.01 * torch.randn_like(p))
+    return (apply_lora(base, r=lora_r) if lora_r else base), tok, rollouts
+
+
+def sharded_update(policy, tok, rollouts, name, options, shard: bool, micro_batch_size=None):
+    "One training_step of a fresh policy (sharded if `shard`): (its gradients by name, weights after, metrics)."
+    from rlnb.distributed import full_training_state, shard_training_state
+    torch.manual_seed(0)
+    opt, _ = create_optimizer(policy, learning_rate=1e-2)
+    ref = create_reference_model(policy) if options.get("beta") or name == "dpo" else None
+    state = TrainingState(0, 0, policy, opt, None, ref_model=ref)
+    if shard: state = shard_training_state(state)
+    grads = {}
+    def step(state, max_grad_norm):
+        named = [*state.model.named_parameters()]
+        if state.value_head is not None:
+            named += [(f"value_head.{k}", p) for k, p in state.value_head.named_parameters()]
+        for k, p in named:
+            if p.grad is not None: grads[k] = p.grad.full_tensor() if shard else p.grad.clone()
+        return default_optimizer_step(state, max_grad_norm)
+    state, stats = training_step(state, rollouts, create_algorithm_config(name, **options), step, tokenizer=tok,
+                                 config=TrainingConfig(max_grad_norm=1.0, micro_batch_size=micro_batch_size))
+    plain = full_training_state(state) if shard else state
+    if plain is None: return None
+    weights = {k: p.detach().clone() for k, p in plain.model.named_parameters() if p.requires_grad}
+    if plain.value_head is not None:
+        weights.update({f"value_head.{k}": p.detach().clone() for k, p in plain.value_head.named_parameters()})
+    return grads, weights, dict(stats.custom_metrics), plain.optimizer.state_dict()
+
+
+def _fsdp_worker(rank, world, out):
+    results = []
+    for name, options, lora_r, micro in FSDP_CASES:
+        policy, tok, rollouts = full_policy_and_rollouts(lora_r)
+        k = len(rollouts) // world if micro is None else 4  # uneven: 1 micro-batch on rank 0, 3 on rank 1
+        mine = rollouts[:k] if rank == 0 else rollouts[k:]
+        results.append(sharded_update(policy, tok, mine, name, options, True, micro))
+    if rank == 0: torch.save(results, out)
+
+
+def test_fsdp_takes_the_single_process_update(tmp_path):
+    "Two ranks sharding the policy (FSDP2) take the update one process takes on the whole batch: full fine-tuning."
+    out = tmp_path / "fsdp.pt"
+    _spawned(_fsdp_worker, str(out))
+    two = torch.load(out, weights_only=False)
+    for (name, options, lora_r, micro), (grads2, weights2, metrics2, opt2) in zip(FSDP_CASES, two):
+        policy, tok, rollouts = full_policy_and_rollouts(lora_r)
+        grads1, weights1, metrics1, opt1 = sharded_update(policy, tok, rollouts, name, options, False, micro)
+        label = f"{name} {options} lora_r={lora_r} micro_batch_size={micro}"
+        assert grads1 and grads1.keys() == grads2.keys(), label
+        for key in grads1:
+            torch.testing.assert_close(grads2[key], grads1[key], rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"{label} {key}: {m}")
+        assert weights1.keys() == weights2.keys(), label
+        for key in weights1:
+            torch.testing.assert_close(weights2[key], weights1[key], rtol=1e-4, atol=3e-4,
+                                       msg=lambda m: f"{label} {key}: {m}")
+        for key in ("loss/total", "grad_norm", "reward/mean"):
+            assert metrics2[key] == pytest.approx(metrics1[key], rel=1e-4, abs=1e-6), (label, key)
+        moments1, moments2 = opt1["state"], opt2["state"]  # the gathered optimizer state: the one process's
+        assert moments1.keys() == moments2.keys(), label
+        for i in moments1:
+            torch.testing.assert_close(moments2[i]["exp_avg"], moments1[i]["exp_avg"], rtol=1e-4, atol=1e-6)
+
+
+FSDP_RUN = dict(num_iterations=2, prompts_per_step=4, group_size=4, eval_every=2, eval_size=8, max_new_tokens=6,
+                lora_r=0)
+
+
+def _fsdp_train(rank, world, root):
+    from rlnb.training import train
+    train(TrainingConfig(output_dir=str(Path(root) / "fsdp"), fsdp=True, **FSDP_RUN), progress=False)
+    halves = TrainingConfig(output_dir=str(Path(root) / "halves"), fsdp=True, **FSDP_RUN)
+    train(halves, progress=False, stop_fn=lambda state, metrics: state.iteration == 1)  # a checkpoint at 1
+    train(halves._replace(resume=True), progress=False)  # loaded whole, sharded again, on to 2
+
+
+@pytest.mark.slow
+def test_an_fsdp_run_checkpoints_and_resumes_in_one_process(tmp_path):
+    "2 sharded iterations, evaluated and checkpointed by rank 0 (stopped and resumed sharded: the same weights); one "
+    "process (no FSDP) resumes the full weights."
+    from safetensors.torch import load_file
+    from rlnb.training import train
+    _spawned(_fsdp_train, str(tmp_path))
+    folder = tmp_path / "fsdp"
+    saved = load_file(str(folder / "checkpoint" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "halves" / "checkpoint" / "model.safetensors"))
+    for k in saved: torch.testing.assert_close(resumed[k], saved[k], rtol=0, atol=0, msg=k)  # the same run
+    rows = _rows(folder)
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2] and any("eval/accuracy" in r for r in rows)
+    state = train(TrainingConfig(output_dir=str(folder), resume=True, **{**FSDP_RUN, "num_iterations": 3}),
+                  progress=False)
+    assert state.iteration == 3 and state.global_step == 3
+    weights = dict(state.model.named_parameters())
+    assert all(k in weights or k == "lm_head.weight" for k in saved)  # lm_head: tied to the embeddings
+    assert any((weights[k] != saved[k]).any() for k in saved if k in weights)  # the third step moved them
+    with pytest.raises(ValueError, match="fsdp=True shards the model over several processes"):
+        train(TrainingConfig(fsdp=True, num_iterations=1, eval_every=0), progress=False)
+
+
+@pytest.mark.slow
+def test_the_fsdp_torchrun_command_trains_every_weight(tmp_path):
+    "The chapter's launch command, `torchrun ... -m rlnb.cli train -p fsdp True -p lora_r 0`, on the tiny model."
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    params = ["-p", "fsdp", "True", "-p", "lora_r", "0", "-p", "output_dir", str(tmp_path / "fsdp"), "-p",
+              "num_iterations", "2", "-p", "prompts_per_step", "4", "-p", "group_size", "4", "-p", "eval_every", "2",
+              "-p", "eval_size", "8"]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "rlnb.cli", "train", *params],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("trained 2 steps with 2 process(es)") == 1, done.stdout
+    assert (tmp_path / "fsdp" / "checkpoint" / "model.safetensors").is_file()  # every weight, gathered by rank 0

@@ -56,7 +56,8 @@ PUBLIC = {
     "passk": "evaluate_pass_at_k PassAtK compute_passk_advantages",
     "distributed": "world_size process_rank init_distributed config_digest check_distributed_config shard_prompts "
                    "rank_seed create_sharded_prompt_loader sync_parameters batch_advantages loss_share "
-                   "all_reduce_gradients averaged_step reduced_stats any_rank",
+                   "all_reduce_gradients averaged_step reduced_stats any_rank is_sharded decoder_layers shard_module "
+                   "shard_training_state full_parameters full_training_state sharded_hooks even_micro_batches",
     "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
                     "load_teacher attach_teacher",
     "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
