@@ -342,8 +342,10 @@ def _field_value(name: str, value, annotation: str):
         if ok and "float" not in kinds: value = int(value)
     else: ok = any(isinstance(value, {"str": str, "dict": dict}.get(k, ())) for k in kinds)
     if not ok:
+        hint = (f" (write {value.strip().capitalize()}: a parameter's text stays text, as in papermill)"
+                if "bool" in kinds and isinstance(value, str) and value.strip().lower() in ("true", "false") else "")
         raise ValueError(f"TrainingConfig: `{name}` must be {annotation}, "
-                         f"got {reprlib.repr(value)} ({type(value).__name__})")
+                         f"got {reprlib.repr(value)} ({type(value).__name__}){hint}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"TrainingConfig: `{name}` must be finite, got {value!r}")
     return float(value) if "float" in kinds and "int" not in kinds and not isinstance(value, bool) else value

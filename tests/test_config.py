@@ -102,3 +102,11 @@ def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
         assert not ignored, f"accepted and ignored: {ignored}"
     finally:
         del MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"]
+
+
+def test_a_lower_case_bool_from_the_command_line_says_what_to_write():
+    from rlnb.core import create_training_config
+    with pytest.raises(ValueError, match=r"`fsdp` must be bool, got 'true' \(str\) \(write True"):
+        create_training_config(fsdp="true")
+    with pytest.raises(ValueError, match=r"got 'text' \(str\)$"):  # other text: no hint
+        create_training_config(fsdp="text")
