@@ -55,7 +55,7 @@ from .quickstart import *
 from .tiny import *  # registers "tiny" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
 from .tiny_sft import *  # how the tiny model is trained (load_tiny_model calls it the first time)
 from .engines import *  # create_vllm_generator: vLLM as the sampler (vLLM itself is imported only when used)
-from .distributed import *  # data parallelism on torch.distributed: shard prompts, all-reduce gradients, rank 0 writes
+from .distributed import *  # data parallelism on torch.distributed (replicated or FSDP-sharded), rank 0 writes
 from .reward_models import *  # reward models: batched scoring, the tiny Bradley-Terry reward model
 from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer
