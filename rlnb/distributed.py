@@ -43,7 +43,7 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
 # %% ../nbs/48_distributed.ipynb #78411713
-_failed = False  # set by rank_failure (below, *When a rank dies*): a rank is gone, nobody to wait for
+_failed = False  # set by rank_failure (below, *When a rank dies*): the run broke off, nobody to wait for
 
 
 def close_distributed(
@@ -52,7 +52,7 @@ def close_distributed(
     "Leave the process group together: wait for every rank, then destroy the group (nothing without a group)."
     if not (dist.is_available() and dist.is_initialized()): return
     try:  # a rank that tears down its sockets while a peer still reads them can abort that peer (gloo)
-        if _failed: pass  # a rank died: waiting for it would only hold this one at exit
+        if _failed: pass  # the run broke off mid-step: a peer may be gone, or blocked in a collective call forever
         elif dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
         else: dist.barrier()
     except RuntimeError: pass  # a rank died or stayed behind: leave anyway, its launcher reports it
@@ -145,8 +145,8 @@ def rank_failure(
 ) -> RankFailedError | None:  # None: `error` is this rank's own (a bug, a bad reward): raise it as it is
     "The one-line error a surviving rank stops with: which rank died, when, which checkpoint is intact, how to resume."
     global _failed
+    _failed = True  # this rank leaves mid-run, whatever the error: at exit, close_distributed waits for nobody
     if not _lost_peer(error): return None
-    _failed = True  # close_distributed at exit: do not wait for a rank that is gone
     if dist.is_initialized() and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's stop is coming: let this rank say what happened
     me, world = process_rank() if rank is None else rank, world_size() if world is None else world

@@ -231,12 +231,14 @@ def test_the_torchrun_command_trains_and_one_process_resumes_it(tmp_path):
 
 
 DYING = r'''
-"`rlnb train` with rank 1 killed (SIGKILL, no goodbye) as it starts the update of iteration 3."
+"`rlnb train` with rank 1 killed (SIGKILL: no last words), or raising an error, as it starts iteration 3's update."
 import os, signal, sys
 import rlnb.training
 step = rlnb.training.training_step
 def dying(state, *args, **kwargs):
-    if os.environ.get("RANK") == "1" and state.iteration == 2: os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("RANK") == "1" and state.iteration == 2:
+        if os.environ["HOW"] == "kill": os.kill(os.getpid(), signal.SIGKILL)
+        raise ValueError("rank 1's own error")
     return step(state, *args, **kwargs)
 rlnb.training.training_step = dying
 from rlnb.cli import main
@@ -245,10 +247,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_a_rank_killed_mid_run_stops_the_run_with_one_line_and_one_process_resumes_it(tmp_path):
-    "Rank 1 dies in iteration 3 of 5: rank 0 stops within seconds, says so in one line, its checkpoint resumes."
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_rank_dying_mid_run_stops_the_run_with_one_line_and_one_process_resumes_it(tmp_path, how):
+    "Rank 1 dies in iteration 3 of 5: rank 0 stops within seconds, says so in one line; its checkpoint resumes."
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HOW": how}
     (tmp_path / "dying.py").write_text(DYING)
     params = ["-p", "output_dir", str(tmp_path / "run"), "-p", "prompts_per_step", "4", "-p", "group_size", "4",
               "-p", "eval_every", "0", "-p", "num_iterations", "5", "-p", "checkpoint_every", "1"]
@@ -258,12 +261,14 @@ def test_a_rank_killed_mid_run_stops_the_run_with_one_line_and_one_process_resum
                            *params], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     seconds = time.perf_counter() - t0
     assert died.returncode != 0, died.stdout
-    said = [line for line in died.stderr.splitlines() if line.startswith("rlnb train: error:")]
-    assert len(said) == 1, died.stderr[-3000:]  # rank 0's line (rank 1 had no time to say anything)
+    said = [line for line in died.stderr.splitlines() if line.startswith("rlnb train: error: train:")]
+    assert len(said) == 1, died.stderr[-3000:]  # rank 0's line
     assert ("rank 1 of 2 stopped during iteration 3 of 5" in said[0]
             and f"the last checkpoint, iteration 2 in {tmp_path / 'run' / 'checkpoint'}, is intact" in said[0]
             and "resume=True" in said[0] and "any number of processes" in said[0]), said[0]
-    assert seconds < 120, seconds  # not gloo's 30-minute timeout
+    if how == "raise": assert "rlnb train: error: rank 1's own error" in died.stderr  # rank 1 says its own
+    assert seconds < 120, seconds  # both ranks gone at once: nobody waits for gloo's 30-minute timeout
+    if how == "raise": return  # the resume is the same as after a kill
     again = subprocess.run([sys.executable, "-m", "rlnb.cli", "train", *params, "-p", "resume", "True"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
