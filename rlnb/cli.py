@@ -158,8 +158,11 @@ def main(
     try:
         params = _given_params(args, several=args.command == "sweep")
         if args.command == "train":
-            summary = train_command(params)
             from rlnb import distributed
+            try: summary = train_command(params)
+            except distributed.RankFailedError as e:  # a process of the run died: say so in one line
+                print(f"rlnb train: error: {e}", file=sys.stderr, flush=True)
+                return 1
             if distributed.process_rank() == 0:
                 r0, r1 = (f"{x:.3f}" if x is not None else "n/a"
                           for x in (summary["reward_start"], summary["reward_final"]))

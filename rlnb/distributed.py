@@ -6,13 +6,15 @@ Docs: https://rlnb.github.io/rlnb/distributed.html.md"""
 
 # %% ../nbs/48_distributed.ipynb #9805afc4
 from __future__ import annotations
-import atexit, contextlib, copy, datetime, hashlib, json, os, random
+import atexit, contextlib, copy, datetime, hashlib, json, os, random, re, signal, threading
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .checkpoints import checkpoint_exists, checkpoint_metadata
 from .core import CollatedBatch, TrainingConfig, TrainingStats, is_peft_model, to_jsonable
 from .algorithms import ALGORITHMS, batch_fields_for, compute_batch_advantages
 from .rollouts import split_prompts
@@ -20,10 +22,10 @@ from .training import reward_metrics
 
 # %% auto #0
 __all__ = ['world_size', 'process_rank', 'close_distributed', 'init_distributed', 'config_digest', 'check_distributed_config',
-           'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages',
-           'loss_share', 'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank', 'is_sharded',
-           'decoder_layers', 'shard_module', 'shard_training_state', 'full_parameters', 'full_training_state',
-           'sharded_hooks', 'even_micro_batches']
+           'RankFailedError', 'rank_failure', 'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader',
+           'sync_parameters', 'batch_advantages', 'loss_share', 'all_reduce_gradients', 'averaged_step',
+           'reduced_stats', 'any_rank', 'is_sharded', 'decoder_layers', 'shard_module', 'shard_training_state',
+           'full_parameters', 'full_training_state', 'sharded_hooks', 'even_micro_batches']
 
 # %% ../nbs/48_distributed.ipynb #e24c1fb1
 def world_size() -> int:  # processes training together (1 without a process group)
@@ -42,13 +44,17 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
 # %% ../nbs/48_distributed.ipynb #78411713
+_failed = False  # set by rank_failure (below, *When a rank dies*): the run broke off, nobody to wait for
+
+
 def close_distributed(
     timeout: float = 30.0,  # seconds to wait for the other ranks (gloo) before leaving anyway
 ) -> None:
     "Leave the process group together: wait for every rank, then destroy the group (nothing without a group)."
     if not (dist.is_available() and dist.is_initialized()): return
     try:  # a rank that tears down its sockets while a peer still reads them can abort that peer (gloo)
-        if dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
+        if _failed: pass  # the run broke off mid-step: a peer may be gone, or blocked in a collective call forever
+        elif dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
         else: dist.barrier()
     except RuntimeError: pass  # a rank died or stayed behind: leave anyway, its launcher reports it
     dist.destroy_process_group()
@@ -69,6 +75,8 @@ def init_distributed(
     if backend == "nccl": torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     atexit.register(close_distributed)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stopped_by_launcher)  # a launcher's stop: an error `train` explains (below)
     return dist.get_world_size()
 
 # %% ../nbs/48_distributed.ipynb #d3bcd8b2
@@ -108,6 +116,57 @@ def check_distributed_config(
     if world > 1 and config.generator.startswith("vllm"):
         raise ValueError(f"{fn}: generator={config.generator!r} runs in one process only (one engine per run); "
                          "use generator='hf' with several processes")
+
+# %% ../nbs/48_distributed.ipynb #f558fa37
+class RankFailedError(RuntimeError):
+    "A process of a data-parallel run stopped (it crashed, was killed, or its launcher stopped it): the run is over."
+
+
+def _stopped_by_launcher(signum, frame):
+    "SIGTERM under torchrun: it stops every process once one has failed. Raise, so that `train` can say what happened."
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the launcher's later signals change nothing while we report
+    raise RankFailedError(f"rank {process_rank()} was stopped by its launcher (SIGTERM)")
+
+
+def _lost_peer(error: BaseException) -> bool:
+    "Whether `error` comes from the process group (a peer gone, the launcher's stop), not from this rank's own code."
+    if isinstance(error, (RankFailedError, dist.DistError)): return True  # nccl raises DistBackendError
+    return isinstance(error, RuntimeError) and "gloo/transport" in str(error)  # gloo: a RuntimeError from its sockets
+
+
+def _first_words(error: BaseException) -> str:
+    "The gist of a gloo error: its first sentence without the source file in brackets."
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", line).split(". ")[0][:160]
+
+
+def rank_failure(
+    error: BaseException,  # what this rank's step raised
+    iteration: int,  # the iteration under way, counted from 1
+    config: TrainingConfig,  # the run's config: num_iterations, output_dir, checkpoint_every
+    rank: int | None = None,  # this process (None: the process group's)
+    world: int | None = None,  # processes (None: the process group's)
+) -> RankFailedError | None:  # None: `error` is this rank's own (a bug, a bad reward): raise it as it is
+    "The one-line error a surviving rank stops with: which rank died, when, which checkpoint is intact, how to resume."
+    global _failed
+    _failed = True  # this rank leaves mid-run, whatever the error: at exit, close_distributed waits for nobody
+    if not _lost_peer(error): return None
+    if dist.is_initialized() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's stop is coming: let this rank say what happened
+    me, world = process_rank() if rank is None else rank, world_size() if world is None else world
+    others = [r for r in range(world) if r != me]
+    who = f"rank {others[0]} of {world}" if len(others) == 1 else f"a rank of {world} (the launcher names it)"
+    cause = (f"its launcher stopped rank {me}, as torchrun does when a process fails"
+             if isinstance(error, RankFailedError) else f"rank {me}'s collective call failed: {_first_words(error)}")
+    folder = None if config.output_dir is None else Path(config.output_dir) / "checkpoint"
+    if folder is not None and checkpoint_exists(folder):
+        saved = (f"the last checkpoint, iteration {checkpoint_metadata(folder)['iteration']} in {folder}, is intact: "
+                 "resume it with resume=True (`-p resume True`), with any number of processes")
+    elif folder is not None:
+        saved = f"no checkpoint was written yet (checkpoint_every={config.checkpoint_every}): start the run again"
+    else: saved = "nothing was saved (output_dir=None)"
+    return RankFailedError(f"train: {who} stopped during iteration {iteration} of {config.num_iterations} "
+                           f"({cause}); {saved}")
 
 # %% ../nbs/48_distributed.ipynb #05f0adee
 def shard_prompts(

@@ -1113,6 +1113,7 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
     t0, skipped, dp = time.perf_counter(), 0, _data_parallel()
     try:
         while state.iteration < config.num_iterations:
+            under_way = state.iteration + 1  # counted from 1: the iteration a dead rank's error names
             prompts, batch, timing = None, None, {}
             if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
             else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
@@ -1135,6 +1136,10 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
             if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
                 checkpoint_fn(state if ahead is None else ahead.saved_with(state))
             if done or stop: break
+    except Exception as e:  # several processes: a rank died (chapter *Several processes*, later) or not ours
+        failure = None if dp is None else dp.rank_failure(e, under_way, config)
+        if failure is None: raise
+        raise failure from e
     finally:
         if ahead is not None: ahead.pool.shutdown(wait=True, cancel_futures=True)
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")

@@ -1,5 +1,5 @@
 "Data parallelism (rlnb.distributed): two gloo processes take the update one process takes on the concatenated batch."
-import json, os, socket, subprocess, sys
+import json, os, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -230,6 +230,52 @@ def test_the_torchrun_command_trains_and_one_process_resumes_it(tmp_path):
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
 
 
+DYING = r'''
+"`rlnb train` with rank 1 killed (SIGKILL: no last words), or raising an error, as it starts iteration 3's update."
+import os, signal, sys
+import rlnb.training
+step = rlnb.training.training_step
+def dying(state, *args, **kwargs):
+    if os.environ.get("RANK") == "1" and state.iteration == 2:
+        if os.environ["HOW"] == "kill": os.kill(os.getpid(), signal.SIGKILL)
+        raise ValueError("rank 1's own error")
+    return step(state, *args, **kwargs)
+rlnb.training.training_step = dying
+from rlnb.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_rank_dying_mid_run_stops_the_run_with_one_line_and_one_process_resumes_it(tmp_path, how):
+    "Rank 1 dies in iteration 3 of 5: rank 0 stops within seconds, says so in one line; its checkpoint resumes."
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HOW": how}
+    (tmp_path / "dying.py").write_text(DYING)
+    params = ["-p", "output_dir", str(tmp_path / "run"), "-p", "prompts_per_step", "4", "-p", "group_size", "4",
+              "-p", "eval_every", "0", "-p", "num_iterations", "5", "-p", "checkpoint_every", "1"]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    t0 = time.perf_counter()
+    died = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "dying.py"), "train",
+                           *params], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    seconds = time.perf_counter() - t0
+    assert died.returncode != 0, died.stdout
+    said = [line for line in died.stderr.splitlines() if line.startswith("rlnb train: error: train:")]
+    assert len(said) == 1, died.stderr[-3000:]  # rank 0's line
+    assert ("rank 1 of 2 stopped during iteration 3 of 5" in said[0]
+            and f"the last checkpoint, iteration 2 in {tmp_path / 'run' / 'checkpoint'}, is intact" in said[0]
+            and "resume=True" in said[0] and "any number of processes" in said[0]), said[0]
+    if how == "raise": assert "rlnb train: error: rank 1's own error" in died.stderr  # rank 1 says its own
+    assert seconds < 120, seconds  # both ranks gone at once: nobody waits for gloo's 30-minute timeout
+    if how == "raise": return  # the resume is the same as after a kill
+    again = subprocess.run([sys.executable, "-m", "rlnb.cli", "train", *params, "-p", "resume", "True"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "trained 5 steps with 1 process(es)" in again.stdout, again.stdout
+    assert [r["step"] for r in _rows(tmp_path / "run") if "reward/mean" in r] == [1, 2, 3, 4, 5]
+
+
 def _learns(rank, world, out):
     "20 iterations of GRPO on a learnable reward (answers that start with '1'), 8 prompts split 4 and 4."
     from rlnb.core import create_training_config
@@ -383,3 +429,22 @@ def test_the_fsdp_torchrun_command_trains_every_weight(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("trained 2 steps with 2 process(es)") == 1, done.stdout
     assert (tmp_path / "fsdp" / "checkpoint" / "model.safetensors").is_file()  # every weight, gathered by rank 0
+
+
+@pytest.mark.slow
+def test_accelerate_launch_multi_gpu_starts_two_cpu_processes(tmp_path):
+    "`accelerate launch --multi_gpu` takes its torchrun path, GPUs or not: two gloo processes here (`--cpu`: one)."
+    pytest.importorskip("accelerate")
+    accelerate = Path(sys.executable).parent / "accelerate"
+    if not accelerate.exists(): pytest.skip("no `accelerate` command beside this Python")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    params = ["-p", "output_dir", str(tmp_path / "acc"), "-p", "prompts_per_step", "4", "-p", "group_size", "4",
+              "-p", "eval_every", "0", "-p", "num_iterations", "2"]
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+                           "-m", "rlnb.cli", "train", *params], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("trained 2 steps with 2 process(es)") == 1, done.stdout
+    assert json.loads((tmp_path / "acc" / "summary.json").read_text())["world_size"] == 2
