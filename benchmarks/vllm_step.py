@@ -1,5 +1,7 @@
 """A whole GRPO step on SmolLM2-135M-Instruct with vLLM sampling: rlnb with transformers' generate, rlnb with the vLLM
 engine (float32 and bf16), TRL's GRPOTrainer with transformers' generate, and TRL with `use_vllm=True` (colocate).
+Two more rlnb sides add mixed precision to the update (`TrainingConfig(mixed_precision="bf16")`: bf16 autocast over
+the float32 weights): `rlnb_hf_amp` (transformers sampling) and `rlnb_vllm_bf16_amp` (the bf16 engine).
 
 Every side trains a fresh float32 copy of the model with LoRA (r 8, every linear projection) on the chat version of
 the addition task (the settings and helpers of benchmarks/grpo_vs_trl.py: same prompts per step, same reward, same
@@ -17,6 +19,7 @@ the venv's torch and transformers pinned).
 
     .venv-vllm/bin/python benchmarks/vllm_step.py                       # all five sides, 6 steps each (~10 minutes)
     .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_vllm_bf16 --steps 4    # a quick look
+    .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_hf_amp,rlnb_vllm_bf16_amp --steps 4  # amp
 
 Results: benchmarks/README.md, "vLLM as the sampler".
 """
@@ -32,7 +35,8 @@ sys.path.insert(0, str(HERE))
 from _common import setup_torch  # noqa: E402
 import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts, reward, TRL's config
 
-SIDES = ("rlnb_hf", "rlnb_vllm", "rlnb_vllm_bf16", "trl_hf", "trl_vllm")
+DEFAULT_SIDES = ("rlnb_hf", "rlnb_vllm", "rlnb_vllm_bf16", "trl_hf", "trl_vllm")
+SIDES = DEFAULT_SIDES + ("rlnb_hf_amp", "rlnb_vllm_bf16_amp")  # mixed precision: asked for by name with --sides
 
 
 def patch_trl_sync():
@@ -51,11 +55,15 @@ def patch_trl_sync():
     vg.VLLMGeneration.sync_weights = sync_weights
 
 
-def run_rlnb(args, task, prompts, dtype: str | None) -> dict:
-    "rlnb's GRPO steps (`training_iteration`), sampling with transformers (dtype None) or the vLLM engine in `dtype`."
+def run_rlnb(args, task, prompts, dtype: str | None, mixed_precision: str = "no") -> dict:
+    """rlnb's GRPO steps (`training_iteration`), sampling with transformers (dtype None) or the vLLM engine in `dtype`;
+    the update's forwards in `mixed_precision` ("bf16": autocast over the float32 weights)."""
     from rlnb.engines import create_vllm_generator
     from rlnb.rollouts import create_rollout_fn
     ctx = pair.setup_rlnb(args, task, seed=0)
+    if mixed_precision != "no":  # the config the steps read, and the one the state records
+        ctx["tcfg"] = ctx["tcfg"]._replace(mixed_precision=mixed_precision)
+        ctx["state"] = ctx["state"]._replace(metadata={**(ctx["state"].metadata or {}), "config": ctx["tcfg"]})
     if dtype is not None:
         engine = create_vllm_generator(dtype=dtype)
         ctx["rollout_fn"] = create_rollout_fn(task.reward_fn, generator=engine, system_prompt=task.system_prompt)
@@ -86,7 +94,7 @@ def run_side(side: str, argv: list[str]) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {SIDES}")
+    p.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"comma-separated, of {SIDES}")
     p.add_argument("--steps", type=int, default=6, help="GRPO steps per side (the first is the warm-up)")
     p.add_argument("--prompts", type=int, default=4, help="distinct prompts per step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
@@ -129,7 +137,9 @@ def measure_side(args, side: str) -> dict:
                    rlnb_vllm=lambda: run_rlnb(bench, task, prompts, "float32"),
                    rlnb_vllm_bf16=lambda: run_rlnb(bench, task, prompts, "bfloat16"),
                    trl_hf=lambda: run_trl(bench, task, prompts, use_vllm=False),
-                   trl_vllm=lambda: run_trl(bench, task, prompts, use_vllm=True))
+                   trl_vllm=lambda: run_trl(bench, task, prompts, use_vllm=True),
+                   rlnb_hf_amp=lambda: run_rlnb(bench, task, prompts, None, "bf16"),
+                   rlnb_vllm_bf16_amp=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16"))
     return runners[side]()
 
 

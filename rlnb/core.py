@@ -128,6 +128,7 @@ class TrainingConfig(NamedTuple):
     "Every knob of an RL run, with the defaults of the README's main job (tiny model, addition, GRPO, LoRA)."
     model: str = "tiny"  # "tiny" (rlnb's built-in model), "smollm2", a Hugging Face id, a local folder or a .gguf file
     dtype: str = "auto"  # weights' precision: "auto" (float32 on a CPU, bf16 on a GPU), "float32" or "bfloat16"
+    mixed_precision: str = "no"  # "bf16": the update's forwards autocast to bf16, weights and AdamW float32; "no": off
     task: str = "addition"  # a task name (rlnb.tasks.list_tasks()); gives prompts, reward and evaluation
     task_format: str = "auto"  # "plain" (tiny's "49+97"), "chat" (in words); "auto": chat unless model is tiny
     algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
@@ -324,7 +325,8 @@ _MAX_ROWS = 65_536
 # does was mangled on its way in; `.search(name)` finds the first
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
-            "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16")}
+            "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16"),
+            "mixed_precision": ("no", "bf16")}
 
 # %% ../nbs/10_core.ipynb #cfa1b002
 def _field_value(name: str, value, annotation: str):
@@ -431,6 +433,10 @@ def _check_combined(values: dict) -> None:
                          f"algorithm_options ({options['beta']!r}); give it once")
     _check_sampling(values)
     _check_entropy(values)
+    if values["mixed_precision"] == "bf16" and values["dtype"] == "bfloat16":
+        raise ValueError("TrainingConfig: `mixed_precision`='bf16' keeps float32 weights and runs the matrix products "
+                         "in bf16, but dtype='bfloat16' makes the weights bf16 already; use dtype='float32' (or "
+                         "'auto') with it, or mixed_precision='no'")
     if values["rollout_correction_low"] >= values["rollout_correction_high"]:
         raise ValueError("TrainingConfig: `rollout_correction_low` must be below `rollout_correction_high`, "
                          f"got {values['rollout_correction_low']!r} and {values['rollout_correction_high']!r}")

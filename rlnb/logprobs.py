@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/logprobs.html.md"""
 
 # %% ../nbs/21_logprobs.ipynb #c96ec48f
 from __future__ import annotations
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch import Tensor
 
@@ -15,7 +15,7 @@ from .generation import (kv_cache_argument, can_share_prompts, distinct_prompts,
                              logits_to_keep_argument, position_ids, prefill_prompts)
 
 # %% auto #0
-__all__ = ['naive_logprobs', 'compute_logprobs_for_tokens']
+__all__ = ['naive_logprobs', 'compute_logprobs_for_tokens', 'precision_context']
 
 # %% ../nbs/21_logprobs.ipynb #70b026da
 def naive_logprobs(
@@ -160,7 +160,26 @@ def compute_logprobs_for_tokens(
         logprobs.append(lp)
         entropies.append(ent)
         if value_head is not None:
-            values.append(value_head(_completion_hidden(seen, C, groups).float()).squeeze(-1))  # (b, C)
+            values.append(value_head(_completion_hidden(seen, C, groups).float()).float().squeeze(-1))  # (b, C)
     out = ((torch.cat(logprobs),) + ((torch.cat(entropies),) if return_entropy else ())
            + ((torch.cat(values),) if value_head is not None else ()))
     return out if len(out) > 1 else out[0]
+
+# %% ../nbs/21_logprobs.ipynb #e458e960
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16}  # mixed_precision -> the dtype autocast runs the matrix products in
+
+
+def precision_context(
+    mode: str,  # "no": forwards in the weights' own precision; "bf16": matrix products autocast to bfloat16
+    device: torch.device | str,  # where the forwards run, e.g. `model_device(model)`
+) -> AbstractContextManager:  # torch.autocast for "bf16", a context that changes nothing for "no"
+    "The precision of the forwards run inside it: bf16 matrix products over float32 weights ('bf16') or as is ('no')."
+    if mode == "no": return nullcontext()
+    if mode not in _AUTOCAST_DTYPES:
+        raise ValueError(f"precision_context: `mode` (TrainingConfig.mixed_precision) must be 'no' or 'bf16', "
+                         f"got {mode!r}")
+    kind = torch.device(device).type
+    if not torch.amp.is_autocast_available(kind) or (kind == "cuda" and not torch.cuda.is_bf16_supported()):
+        raise ValueError(f"precision_context: mixed_precision={mode!r} needs bf16 autocast, which the {kind!r} "
+                         "device does not have; use mixed_precision='no'")
+    return torch.autocast(kind, dtype=_AUTOCAST_DTYPES[mode])

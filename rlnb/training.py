@@ -20,7 +20,7 @@ from .core import (Batch, CollatedBatch, Conversation, Generation, GenerationCon
                        warn_unsaved_checkpoints)
 from .tasks import Task, get_task, task_for_policy
 from .models import apply_lora, load_model, load_tokenizer
-from .logprobs import compute_logprobs_for_tokens
+from .logprobs import compute_logprobs_for_tokens, precision_context
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
 from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn,
                            split_prompts)
@@ -268,7 +268,7 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
     # an advantage function that reads them (opd: the teacher's signal is measured against the sampling policy;
     # clip_cov: the covariance of log pi and A picks the tokens)
     rescore = rescore or (spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters)
-    with torch.no_grad():
+    with torch.no_grad(), precision_context(cfg.mixed_precision, model_device(model)):  # bf16 autocast, if asked
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
             old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
                                                       micro_batch_size=size, value_head=head)
@@ -306,9 +306,10 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
                       fn: str) -> tuple[Tensor, Mapping, Tensor]:
     "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), the entropy bonus."
     dp = _data_parallel()  # sharded (FSDP): one forward per micro-batch on every rank, so no shared-prompt pass
-    out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
-                                      temperature=cfg.temperature, value_head=head, return_entropy=True,
-                                      share_prompts=dp is None or not dp.is_sharded(model))
+    with precision_context(cfg.mixed_precision, model_device(model)):  # the forward only: the loss stays float32
+        out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
+                                          temperature=cfg.temperature, value_head=head, return_entropy=True,
+                                          share_prompts=dp is None or not dp.is_sharded(model))
     logprobs, entropy = out[0], out[1]  # (b, C) each, with grad
     if head is not None: mb = mb._replace(values=out[2])  # PPO: values from the same pass
     loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
@@ -410,7 +411,8 @@ def training_step(
     if dp is not None and spec is not None: cb = dp.batch_advantages(cb, algo)  # from every rank's rows
     cb, mismatch = _corrected(cb, algo, cfg, fn)  # the sampler's tokens reweighted or dropped, if asked
     # the high-entropy token mask (once per batch) and this step's entropy bonus weight (in step_cfg)
-    cb, step_cfg, entropy_metrics = apply_entropy_controls(state, cb, cfg, spec, fn)
+    with precision_context(cfg.mixed_precision, model_device(state.model)):  # its scoring pass, like the update's
+        cb, step_cfg, entropy_metrics = apply_entropy_controls(state, cb, cfg, spec, fn)
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
     scale = 1.0
@@ -558,7 +560,9 @@ def _build_policy(config: TrainingConfig, model, tokenizer):
     "The policy and its tokenizer: `model` as given or loaded from config.model; LoRA of rank config.lora_r if not yet."
     if model is None:
         tiny = {"task": config.task} if config.model == "tiny" else None
-        mc = ModelConfig(config.model, dtype=config.dtype, custom_config=tiny)
+        # mixed precision: float32 master weights, whatever "auto" would pick on this device
+        dtype = "float32" if config.mixed_precision != "no" and config.dtype == "auto" else config.dtype
+        mc = ModelConfig(config.model, dtype=dtype, custom_config=tiny)
         model, tokenizer = load_model(mc), tokenizer or load_tokenizer(mc)
     if config.lora_r and not is_peft_model(model):
         model = apply_lora(model, r=config.lora_r, alpha=2 * config.lora_r, dropout=0.0)

@@ -26,7 +26,7 @@ CHANGES = {  # field -> a value different from BASE's (or the default)
     "generator": "hf_bf16", "rollout_correction": "tis_token", "rollout_correction_cap": 1.001,
     "rollout_correction_low": 0.999, "rollout_correction_high": 1.001, "off_policy_steps": 1,
     "entropy_coef": 0.01, "entropy_top_fraction": 0.2, "entropy_target": 100.0, "entropy_coef_step": 1e-3,
-    "entropy_coef_max": 1e-5,
+    "entropy_coef_max": 1e-5, "mixed_precision": "bf16",
 }
 NEEDS = {  # field -> the settings under which it acts (the run it must change is BASE with these)
     "rollout_correction_cap": {"generator": "hf_bf16", "rollout_correction": "tis_token"},

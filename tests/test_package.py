@@ -17,7 +17,7 @@ PUBLIC = {
     "models": "load_model load_tokenizer apply_lora MODEL_LOADERS TOKENIZER_LOADERS",
     "chat": "format_prompt apply_chat_template parse_thinking",
     "generation": "generate generate_with_logprobs batch_generate merged_lora",
-    "logprobs": "compute_logprobs_for_tokens",
+    "logprobs": "compute_logprobs_for_tokens precision_context",
     "tools": "generate_conversation_turn extract_tool_calls execute_tools",
     "rewards": "trl_reward compute_scalar_reward compute_vector_reward aggregate_vector_rewards compute_batch_rewards "
                "normalize_rewards apply_reward_shaping format_reward exact_match_reward length_penalty_reward "
