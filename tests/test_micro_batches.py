@@ -35,8 +35,9 @@ def setting():
     return policy, tok, batch
 
 
-def accumulated_grads(setting, name: str, options: dict, micro_batch_size):
-    "The gradient one training_step accumulates (policy and value head), captured instead of stepping."
+def accumulated_grads(setting, name: str, options: dict, micro_batch_size, metrics: dict | None = None, **config):
+    """The gradient one training_step accumulates (policy and value head), captured instead of stepping. `config`: more
+    TrainingConfig fields; `metrics`, if given, receives the step's metrics."""
     policy, tok, batch = setting
     seen = {}
     def capture(state, max_grad_norm):
@@ -49,8 +50,9 @@ def accumulated_grads(setting, name: str, options: dict, micro_batch_size):
     opt, _ = create_optimizer(policy, learning_rate=1e-3)
     ref = create_reference_model(policy)
     state = TrainingState(0, 0, policy, opt, None, ref_model=ref, teacher=ref)  # opd distills from it; others measure
-    training_step(state, batch, create_algorithm_config(name, **options), capture, tokenizer=tok,
-                  config=TrainingConfig(micro_batch_size=micro_batch_size))
+    _, stats = training_step(state, batch, create_algorithm_config(name, **options), capture, tokenizer=tok,
+                             config=TrainingConfig(micro_batch_size=micro_batch_size, **config))
+    if metrics is not None: metrics.update(stats.custom_metrics)
     return seen
 
 

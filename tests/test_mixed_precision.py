@@ -7,17 +7,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlnb.training as training
 from rlnb.algorithms import create_algorithm_config
-from rlnb.core import GenerationConfig, TrainingConfig, TrainingState, create_training_config, set_seed
+from rlnb.core import TrainingConfig, TrainingState, create_training_config, set_seed
 from rlnb.kl import create_reference_model
 from rlnb.logprobs import compute_logprobs_for_tokens, precision_context
 from rlnb.models import apply_lora
-from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
 from rlnb.training import create_optimizer, default_optimizer_step, train, training_step
+from test_micro_batches import GROUP, accumulated_grads, setting  # noqa: F401  (`setting`: its fixture)
 
 torch.set_num_threads(1)
-GROUP = 4
 TASK = get_task("addition")
 MATMULS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
 
@@ -34,38 +33,11 @@ class MatmulDtypes(TorchDispatchMode):
         return out
 
 
-@pytest.fixture(scope="module")
-def setting():
-    "A LoRA policy away from its reference and a batch of 4 groups of 4 rollouts with distinct rewards."
-    base, tok = load_tiny_model("addition", progress=False)
-    set_seed(0)
-    policy = apply_lora(base, r=4)
-    with torch.no_grad():
-        for p in policy.parameters():
-            if p.requires_grad: p.add_(0.05 * torch.randn_like(p))
-    examples = TASK.sample(4, seed=3)
-    batch = create_batch_rollouts(policy, tok, examples, GenerationConfig(max_new_tokens=6, num_return_sequences=GROUP))
-    rewards = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(1)).tolist()
-    batch = batch._replace(rollouts=[r._replace(rewards=x) for r, x in zip(batch.rollouts, rewards)])
-    return policy, tok, batch
-
-
 def step_grads(setting, mixed_precision: str, micro_batch_size=None, name="grpo", options=None) -> tuple[dict, float]:
     "The gradients one training_step accumulates (captured instead of stepping), and its loss."
-    policy, tok, batch = setting
-    seen = {}
-    def capture(state, max_grad_norm):
-        for k, group in enumerate(state.optimizer.param_groups):
-            for j, p in enumerate(group["params"]):
-                if p.grad is not None: seen[(k, j)] = p.grad.clone()
-        state.optimizer.zero_grad(set_to_none=True)
-        return 0.0
-    torch.manual_seed(0)  # PPO's value head is created inside the step: the same initial head every time
-    opt, _ = create_optimizer(policy, learning_rate=1e-3)
-    state = TrainingState(0, 0, policy, opt, None, ref_model=create_reference_model(policy))
-    _, stats = training_step(state, batch, create_algorithm_config(name, **(options or {})), capture, tokenizer=tok,
-                             config=TrainingConfig(micro_batch_size=micro_batch_size, mixed_precision=mixed_precision))
-    return seen, stats.loss
+    metrics = {}
+    grads = accumulated_grads(setting, name, options or {}, micro_batch_size, metrics, mixed_precision=mixed_precision)
+    return grads, metrics["loss/total"]
 
 
 def relative_difference(a: dict, b: dict) -> float:
