@@ -11,6 +11,7 @@ from rlnb.rollouts import create_batch_rollouts, create_rollout_fn
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
 from rlnb.training import train
+from learnable import first_and_last, learnable_run, lora_policy
 
 torch.set_num_threads(1)
 TASK = get_task("addition")
@@ -238,21 +239,9 @@ def test_micro_batches_give_the_full_batch_gradient_with_vector_rewards():
 @pytest.mark.slow
 @pytest.mark.parametrize("key", KEYS)
 def test_each_baseline_learns_a_learnable_reward(key):
-    "The learnable reward of tests/test_catalogue.py (answers that start with '1', ~0.4 at first), 20 iterations."
-    from rlnb.models import apply_lora
-    from rlnb.kl import create_reference_model
-    from rlnb.core import TrainingState
-    from rlnb.training import create_optimizer
-    set_seed(0)
-    model, tok = load_tiny_model("addition", progress=False)
-    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
-    opt, sched = create_optimizer(model, learning_rate=3e-3)
-    state = TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model))
-    rewards = []
-    train(create_training_config(algorithm=key, num_iterations=20, group_size=8, eval_every=0),
-          initial_state=state, tokenizer=tok, prompt_loader=lambda it: TASK.sample(8, seed=it),
-          reward_fn=lambda rollout: float(rollout.generation.text.startswith("1")),
-          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    "The learnable reward of tests/learnable.py (answers that start with '1', ~0.4 at first), 20 iterations."
+    state, tok = lora_policy(lr=3e-3)
+    rows, _ = learnable_run(state, tok, algorithm=key)
+    first, last = first_and_last(rows)
     print(f"{key}: reward 'starts with 1' {first:.2f} -> {last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (key, first, last)

@@ -10,12 +10,7 @@ from rlnb.algorithms import (ALGORITHMS, compute_grpo_advantages, compute_loss_b
 from rlnb.catalogue import (DAPO_DEFAULTS, compute_dapo_loss, compute_reinforce_advantages, compute_reinforce_loss,
                             compute_reinforce_pp_advantages, compute_rloo_advantages, create_dapo_config, gspo_loss,
                             reinforce_loss, reinforce_pp_loss)
-from rlnb.core import TrainingState, create_training_config, set_seed
-from rlnb.kl import create_reference_model
-from rlnb.models import apply_lora
-from rlnb.tasks import get_task
-from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, train
+from learnable import first_and_last, learnable_run, lora_policy
 
 torch.set_num_threads(1)
 NEW = ("rloo", "reinforce", "dapo", "gspo", "reinforce++")
@@ -197,8 +192,7 @@ def test_registry_entries_run_through_compute_loss_by_algorithm():
 
 
 # ---- short runs that learn ----
-TASK = get_task("addition")
-# the learnable reward of tests/test_training.py: answers that start with "1" (about 0.4 at the start)
+# the learnable reward of tests/learnable.py: answers that start with "1" (about 0.4 at the start)
 # REINFORCE and REINFORCE++ (batch baselines) reach only ~0.88 in 20 iterations at 3e-3; at 5e-3 they reach 1.0
 LEARN_LR = {"rloo": 3e-3, "reinforce": 5e-3, "dapo": 3e-3, "gspo": 3e-3, "reinforce++": 5e-3}
 
@@ -206,18 +200,10 @@ LEARN_LR = {"rloo": 3e-3, "reinforce": 5e-3, "dapo": 3e-3, "gspo": 3e-3, "reinfo
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NEW)
 def test_each_algorithm_learns_a_learnable_reward(name):
-    set_seed(0)
-    model, tok = load_tiny_model("addition", progress=False)
-    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
-    opt, sched = create_optimizer(model, learning_rate=LEARN_LR[name])
-    state = TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model))
-    rewards = []
+    state, tok = lora_policy(lr=LEARN_LR[name])
     # train passes config.beta to every algorithm; REINFORCE++'s own default
     beta = 0.01 if name == "reinforce++" else 0.0
-    train(create_training_config(algorithm=name, num_iterations=20, group_size=8, eval_every=0, beta=beta),
-          initial_state=state, tokenizer=tok, prompt_loader=lambda it: TASK.sample(8, seed=it),
-          reward_fn=lambda rollout: float(rollout.generation.text.startswith("1")),
-          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    rows, _ = learnable_run(state, tok, algorithm=name, beta=beta)
+    first, last = first_and_last(rows)
     print(f"{name}: reward 'starts with 1' {first:.2f} -> {last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (name, first, last)

@@ -15,6 +15,7 @@ from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
 from rlnb.training import create_optimizer, default_optimizer_step, training_step
+from learnable import first_and_last, learnable_run, lora_policy
 
 GROUP, PROMPTS, WORLD = 4, 4, 2
 CASES = [(name, {}) for name in sorted(ALGORITHMS)] + [("grpo", {"aggregation": "token_mean"}),
@@ -277,29 +278,19 @@ def test_a_rank_dying_mid_run_stops_the_run_with_one_line_and_one_process_resume
 
 
 def _learns(rank, world, out):
-    "20 iterations of GRPO on a learnable reward (answers that start with '1'), 8 prompts split 4 and 4."
-    from rlnb.core import create_training_config
-    from rlnb.training import train
-    set_seed(0)
-    model, tok = load_tiny_model("addition", progress=False)
-    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
-    opt, sched = create_optimizer(model, learning_rate=3e-3)
-    state = TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model))
-    rewards, task = [], get_task("addition")
-    train(create_training_config(num_iterations=20, group_size=8, eval_every=0),
-          initial_state=state, tokenizer=tok, prompt_loader=lambda it: task.sample(8, seed=it),
-          reward_fn=lambda rollout: float(rollout.generation.text.startswith("1")),
-          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
-    torch.save(rewards, f"{out}.{rank}")
+    "20 iterations of GRPO on tests/learnable.py's reward (answers that start with '1'), 8 prompts split 4 and 4."
+    state, tok = lora_policy(lr=3e-3)
+    rows, _ = learnable_run(state, tok)
+    torch.save(rows, f"{out}.{rank}")
 
 
 @pytest.mark.slow
 def test_a_two_process_run_learns(tmp_path):
     out = str(tmp_path / "rewards")
     _spawned(_learns, out)
-    rewards, others = torch.load(f"{out}.0"), torch.load(f"{out}.1")
-    assert len(rewards) == 20 and others == []  # rank 0 alone logs (the whole batch's mean reward)
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    rows, others = (torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD))
+    assert len(rows) == 20 and others == []  # rank 0 alone logs (the whole batch's mean reward)
+    first, last = first_and_last(rows)
     assert last >= first + 0.3 and last >= 0.85, (first, last)
 
 

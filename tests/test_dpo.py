@@ -8,10 +8,9 @@ import torch.nn.functional as F
 
 import rlnb.dpo  # registers "dpo" in ALGORITHMS
 from rlnb.algorithms import ALGORITHMS, _DATA_ARGS, compute_loss_by_algorithm, create_algorithm_config
-from rlnb.core import CollatedBatch, Rollout, collate, create_training_config, set_seed
+from rlnb.core import CollatedBatch, Rollout, collate, set_seed
 from rlnb.dpo import PAIR_SELECTORS, compute_dpo_advantages, compute_dpo_loss, compute_dpo_pairs, dpo_loss
-from rlnb.tasks import get_task
-from rlnb.training import train
+from learnable import first_and_last, learnable_run
 
 torch.set_num_threads(1)
 
@@ -206,18 +205,10 @@ def test_a_group_split_across_micro_batches_is_refused():
 
 
 # ---- a short run that learns ----
-TASK = get_task("addition")
-# tests/test_training.py's learnable reward (~0.5 at the start)
-REWARD = lambda rollout: float(rollout.generation.text.startswith("1"))
-
-
 def dpo_run(learning_rate, **changes):
-    rewards = []
-    settings = dict(algorithm="dpo", num_iterations=20, group_size=8, eval_every=0, learning_rate=learning_rate)
-    train(create_training_config(**{**settings, **changes}),
-          prompt_loader=lambda it: TASK.sample(8, seed=it), reward_fn=REWARD,
-          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
-    return sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    "tests/learnable.py's learnable reward (~0.5 at the start) with DPO, from train's own start: (first, last)."
+    rows, _ = learnable_run(**{"algorithm": "dpo", "learning_rate": learning_rate, **changes})
+    return first_and_last(rows)
 
 
 def learned(first, last): return last >= first + 0.3 and last >= 0.85

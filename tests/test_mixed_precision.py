@@ -7,17 +7,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlnb.training as training
 from rlnb.algorithms import create_algorithm_config
-from rlnb.core import TrainingConfig, TrainingState, create_training_config, set_seed
+from rlnb.core import TrainingConfig, TrainingState, create_training_config
 from rlnb.kl import create_reference_model
 from rlnb.logprobs import compute_logprobs_for_tokens, precision_context
-from rlnb.models import apply_lora
-from rlnb.tasks import get_task
-from rlnb.tiny import load_tiny_model
 from rlnb.training import create_optimizer, default_optimizer_step, train, training_step
 from test_micro_batches import GROUP, accumulated_grads, setting  # noqa: F401  (`setting`: its fixture)
+from learnable import first_and_last, learnable_run, lora_policy
 
 torch.set_num_threads(1)
-TASK = get_task("addition")
 MATMULS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
 
 
@@ -150,17 +147,9 @@ def test_logprobs_stay_float32_under_autocast(setting):
 
 
 def test_grpo_learns_a_learnable_reward_under_bf16():  # ~4 s
-    "test_training's learnable reward ('starts with 1'), with the update in bf16: the mean reward climbs as in float32."
-    set_seed(0)
-    model, tok = load_tiny_model("addition", progress=False)
-    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
-    opt, sched = create_optimizer(model, learning_rate=3e-3)
-    state = TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model))
-    reward = lambda rollout: float(rollout.generation.text.startswith("1"))
-    rewards = []
-    train(create_training_config(num_iterations=20, group_size=8, eval_every=0, mixed_precision="bf16"),
-          initial_state=state, tokenizer=tok, prompt_loader=lambda it: TASK.sample(8, seed=it), reward_fn=reward,
-          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    "tests/learnable.py's reward ('starts with 1'), with the update in bf16: the mean reward climbs as in float32."
+    state, tok = lora_policy(lr=3e-3)
+    rows, _ = learnable_run(state, tok, mixed_precision="bf16")
+    first, last = first_and_last(rows)
     print(f"reward 'starts with 1' under bf16: {first:.2f} -> {last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (first, last)

@@ -11,7 +11,7 @@ from rlnb.tasks import get_task
 from rlnb.tiny import build_tokenizer, load_tiny_model
 from rlnb.tools import calculator
 from rlnb.training import train
-from test_training import lora_policy  # the SFT tiny model with fresh LoRA adapters, AdamW and the LoRA reference
+from learnable import lora_policy  # the SFT tiny model with fresh LoRA adapters, AdamW and the LoRA reference
 
 torch.set_num_threads(1)
 TASK = get_task("addition")

@@ -10,12 +10,10 @@ from rlnb.algorithms import ALGORITHMS, create_algorithm_config
 from rlnb.checkpoints import checkpoint_metadata
 from rlnb.core import create_training_config
 from rlnb.ppo import compute_gae, compute_ppo_advantages, compute_value_loss
-from rlnb.tasks import get_task
 from rlnb.training import train
-from test_training import lora_policy  # the SFT tiny model with fresh LoRA adapters, AdamW and the LoRA reference
+from learnable import first_and_last, learnable_run, lora_policy
 
 torch.set_num_threads(1)
-TASK = get_task("addition")
 SMALL = dict(num_iterations=3, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=0)
 
 
@@ -80,14 +78,10 @@ def test_value_clip_by_hand_and_gradient():
 
 @pytest.mark.slow
 def test_ppo_learns_a_learnable_reward_and_its_value_head_learns_too():
-    "The reward of test_training's learnable task climbs; the value head's prediction follows the reward up."
+    "The reward of tests/learnable.py climbs; the value head's prediction follows the reward up."
     state, tok = lora_policy(lr=3e-3)
-    rows = []
-    out = train(create_training_config(algorithm="ppo", num_iterations=20, group_size=8, eval_every=0),
-                initial_state=state, tokenizer=tok, prompt_loader=lambda it: TASK.sample(8, seed=it),
-                reward_fn=lambda r: float(r.generation.text.startswith("1")),
-                logger=lambda s, st: rows.append(st.custom_metrics), progress=False)
-    first, last = sum(r["reward/mean"] for r in rows[:3]) / 3, sum(r["reward/mean"] for r in rows[-3:]) / 3
+    rows, out = learnable_run(state, tok, algorithm="ppo")
+    first, last = first_and_last(rows)
     v_first, v_last = rows[0]["value/mean"], sum(r["value/mean"] for r in rows[-3:]) / 3
     print(f"ppo: reward 'starts with 1' {first:.2f} -> {last:.2f}; mean value {v_first:.2f} -> {v_last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (first, last)

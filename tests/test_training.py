@@ -4,29 +4,20 @@ import json
 import pytest
 import torch
 
-from rlnb.core import GenerationConfig, TrainingState, create_training_config, set_seed
+from rlnb.core import GenerationConfig, create_training_config
 from rlnb.algorithms import create_algorithm_config
-from rlnb.models import apply_lora
-from rlnb.kl import create_reference_model
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, train, training_step
+from rlnb.training import train, training_step
 from rlnb.rollouts import evaluate_accuracy
 from rlnb.quickstart import quick_start_training
 from rlnb.loggers import load_metrics
 from rlnb.rollouts import create_batch_rollouts
+from learnable import first_and_last, learnable_run, lora_policy
 
 torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and far faster on a shared, busy CPU
 TASK = get_task("addition")
 SMALL = dict(num_iterations=3, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=0)
-
-
-def lora_policy(seed=0, lr=3e-3):
-    set_seed(seed)
-    model, tok = load_tiny_model("addition", progress=False)
-    model = apply_lora(model, r=8, alpha=16, dropout=0.0, target_modules=None)
-    opt, sched = create_optimizer(model, learning_rate=lr)
-    return TrainingState(0, 0, model, opt, sched, ref_model=create_reference_model(model)), tok
 
 
 @pytest.mark.slow
@@ -55,12 +46,8 @@ def test_short_grpo_run_learns(tmp_path):
 def test_grpo_learns_a_learnable_reward_by_a_wide_margin():
     "A reward the tiny model can reach fast (answers starting with '1'): the mean reward climbs from ~0.4 to ~1."
     state, tok = lora_policy(lr=3e-3)
-    reward = lambda rollout: float(rollout.generation.text.startswith("1"))
-    rewards = []
-    train(create_training_config(num_iterations=20, group_size=8, eval_every=0), initial_state=state, tokenizer=tok,
-          prompt_loader=lambda it: TASK.sample(8, seed=it), reward_fn=reward,
-          logger=lambda s, st: rewards.append(st.custom_metrics["reward/mean"]), progress=False)
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    rows, _ = learnable_run(state, tok)
+    first, last = first_and_last(rows)
     print(f"reward 'starts with 1': {first:.2f} -> {last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (first, last)
 
