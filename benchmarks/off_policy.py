@@ -8,9 +8,11 @@ then update) and once with `off_policy_steps=1` (the next batch sampled in a thr
 thread per side, so two cores can overlap them. The tiny model runs the README's defaults (GRPO, 16 prompts x 8
 samples, LoRA); `--model smollm2` the chat task of chapter 45 (8 prompts x 8, 40 new tokens, T 0.7, lr 2e-4, micro-
 batches of 16). `--generator` picks the sampler (`TrainingConfig.generator`: hf, hf_bf16, vllm, vllm_bf16; the vLLM
-ones need .venv-vllm) and `--correction` the off-policy run's `rollout_correction`. Printed: seconds per iteration
+ones need .venv-vllm), `--correction` the off-policy run's `rollout_correction` and `--mixed-precision` both runs'
+`mixed_precision`. Printed: seconds per iteration
 (after the first, which builds what is cached), the sampled reward over the last quarter, the final greedy accuracy on
-64 held-out prompts, and the mean mismatch KL (the sampler's own, plus the lag when off-policy).
+64 held-out prompts, the mean mismatch KL (the sampler's own, plus the lag when off-policy) and the seconds spent
+sampling a batch (in the thread when off-policy).
 """
 import argparse, statistics, time
 
@@ -26,7 +28,8 @@ def run(seed: int, iterations: int, off: int, args) -> dict:
     model = SMOLLM2 if args.model == "smollm2" else {}
     config = create_training_config(num_iterations=iterations, seed=seed, off_policy_steps=off, lr_schedule="constant",
                                     eval_every=iterations, eval_size=64, num_threads=1, generator=args.generator,
-                                    rollout_correction=args.correction if off else "none", **model)
+                                    rollout_correction=args.correction if off else "none",
+                                    mixed_precision=args.mixed_precision, **model)
     train(config, logger=lambda s, st: (rows.append(st.custom_metrics), stamps.append(time.perf_counter())),
           progress=False)
     steps = [r for r in rows if "reward/mean" in r]
@@ -35,7 +38,8 @@ def run(seed: int, iterations: int, off: int, args) -> dict:
     return {"s_per_it": (times[-1] - times[0]) / (len(times) - 1),
             "reward": statistics.mean(r["reward/mean"] for r in tail),
             "accuracy": [r for r in rows if "eval/accuracy" in r][-1]["eval/accuracy"],
-            "lag_kl": statistics.mean(r.get("mismatch/kl", 0.0) for r in steps[1:])}
+            "lag_kl": statistics.mean(r.get("mismatch/kl", 0.0) for r in steps[1:]),
+            "sampling_s": statistics.mean(r.get("time/sampling_s", r["time/rollout_s"]) for r in steps[1:])}
 
 
 def main():
@@ -45,6 +49,8 @@ def main():
     parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
     parser.add_argument("--generator", default="hf", choices=["hf", "hf_bf16", "vllm", "vllm_bf16"])
     parser.add_argument("--correction", default="none", help="the off-policy run's rollout_correction")
+    parser.add_argument("--mixed-precision", default="no", choices=["no", "bf16"],
+                        help="TrainingConfig.mixed_precision of both runs (bf16: the update's forwards in autocast)")
     args = parser.parse_args()
     setup_torch(1)
     results = {off: [run(seed, args.iterations, off, args) for seed in args.seeds] for off in (0, 1)}
@@ -54,7 +60,7 @@ def main():
         sd = {k: statistics.stdev(r[k] for r in rs) if len(rs) > 1 else 0.0 for k in rs[0]}
         print(f"{name:30s} {mean['s_per_it']:.3f} ± {sd['s_per_it']:.3f} s/it  reward (last quarter) "
               f"{mean['reward']:.3f} ± {sd['reward']:.3f}  accuracy {mean['accuracy']:.3f} ± {sd['accuracy']:.3f}  "
-              f"mismatch KL {mean['lag_kl']:.2e}")
+              f"mismatch KL {mean['lag_kl']:.2e}  sampling {mean['sampling_s']:.2f} s/it")
     speed = statistics.mean(r["s_per_it"] for r in results[0]) / statistics.mean(r["s_per_it"] for r in results[1])
     print(f"{args.model}, generator {args.generator}: iterations per second, off-policy / synchronous: {speed:.2f}x")
 

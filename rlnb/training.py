@@ -28,8 +28,8 @@ from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_al
 from .ppo import add_value_head
 from .distillation import attach_teacher, teacher_metrics
 from .entropy import apply_entropy_controls, entropy_bonus, update_entropy_control
-from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, rollout_correction,
-                           sampler_copy)
+from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, no_correction,
+                           rollout_correction, sampler_copy, tis_seq_correction, tis_token_correction)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .baselines import create_greedy_baseline_rollout_fn  # ReMax: the greedy sample as baseline
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
@@ -258,13 +258,22 @@ def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable |
     return cb._replace(rewards=_checked_rewards(r, cb.rewards.shape[0], cb.rewards.device, fn))
 
 # %% ../nbs/42_training.ipynb #bcb20862
+def _corrects_in_update(cfg: TrainingConfig) -> bool:
+    """True when the update's own forward pass can measure and correct the sampler's log-probs: one update per batch
+    (its log-probs are then the old policy's), a correction that drops no token (the micro-batches' shares hold),
+    and no high-entropy mask (cut before the update, it would narrow the tokens a weight is taken over)."""
+    correction = ROLLOUT_CORRECTIONS.get(cfg.rollout_correction)  # by identity: a replaced entry is rescored
+    weighs_only = correction in (tis_token_correction, tis_seq_correction) and cfg.entropy_top_fraction >= 1
+    return cfg.updates_per_batch == 1 and (correction is no_correction or weighs_only)
+
+
 def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, spec, head,
                        cfg: TrainingConfig, advantages: bool = True) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
-    # a correction of the sampler's log-probs (vLLM, a bf16 copy) weighs the tokens before the update: the trainer
-    # scores them first. Only measured (rollout_correction "none"), they are compared during the update's own pass
-    rescore = cfg.updates_per_batch > 1 or (cb.rollout_logprobs is not None and cfg.rollout_correction != "none")
+    # a correction of the sampler's log-probs (vLLM, a bf16 copy) acts before the micro-batches are cut, after the
+    # trainer scores the tokens once more, unless the update's own pass can apply it (TIS, "none": see above)
+    rescore = cfg.updates_per_batch > 1 or (cb.rollout_logprobs is not None and not _corrects_in_update(cfg))
     # an advantage function that reads them (opd: the teacher's signal is measured against the sampling policy;
     # clip_cov: the covariance of log pi and A picks the tokens)
     rescore = rescore or (spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters)
@@ -289,11 +298,12 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
 
 def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -> tuple[CollatedBatch, dict]:
     "The sampler/trainer mismatch, measured when the sampler gave its log-probs, and corrected if the config asks."
-    if cb.rollout_logprobs is None or cb.old_logprobs is None:
+    if cb.rollout_logprobs is None:
         if cfg.rollout_correction != "none":
             raise ValueError(f"{fn}: rollout_correction={cfg.rollout_correction!r} needs the sampler's log-probs, "
                              "but the generator returned none (Generation.logprobs); return them, or set it to 'none'")
         return cb, {}
+    if cb.old_logprobs is None: return cb, {}  # not rescored: each micro-batch's own pass measures and corrects
     weights, kept, metrics = rollout_correction(cb.old_logprobs, cb.rollout_logprobs, cb.loss_mask,
                                                 cfg.rollout_correction, cfg.rollout_correction_cap,
                                                 cfg.rollout_correction_low, cfg.rollout_correction_high)
@@ -312,6 +322,12 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
                                           share_prompts=dp is None or not dp.is_sharded(model))
     logprobs, entropy = out[0], out[1]  # (b, C) each, with grad
     if head is not None: mb = mb._replace(values=out[2])  # PPO: values from the same pass
+    if mb.old_logprobs is None and mb.rollout_logprobs is not None and cfg.rollout_correction != "none":
+        # not rescored (_corrects_in_update): this pass's log-probs, before the update, are the old policy's
+        weights, kept, _ = rollout_correction(logprobs.detach(), mb.rollout_logprobs, mb.loss_mask,
+                                              cfg.rollout_correction, cfg.rollout_correction_cap,
+                                              cfg.rollout_correction_low, cfg.rollout_correction_high)
+        mb = apply_rollout_correction(mb, weights, kept, algo)
     loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
     if not (isinstance(loss, Tensor) and loss.requires_grad):
         raise RuntimeError(f"{fn}: the loss has no gradient path to the model; it must be built from the "
@@ -347,7 +363,9 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
         for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
         if trainer is not None: trainer[idx] = logprobs.to(trainer.dtype)
     if trainer is not None:  # the weights before the update, as a rescoring pass would have them
-        totals.update(rollout_correction(trainer, cb.rollout_logprobs, cb.loss_mask, "none")[2])
+        totals.update(rollout_correction(trainer, cb.rollout_logprobs, cb.loss_mask, cfg.rollout_correction,
+                                         cfg.rollout_correction_cap, cfg.rollout_correction_low,
+                                         cfg.rollout_correction_high)[2])
     grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)
     metrics = {**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)}
     return state._replace(global_step=state.global_step + 1), metrics

@@ -10,6 +10,7 @@ from rlnb.algorithms import (ALGORITHMS, aggregate_loss, compute_batch_advantage
                              create_algorithm_config, grpo_loss)
 from rlnb.core import GenerationConfig, Rollout, collate, set_seed
 from rlnb.generation import batch_generate
+from rlnb.rollouts import create_batch_rollouts
 from rlnb.logprobs import compute_logprobs_for_tokens
 from rlnb.mismatch import (ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS, apply_rollout_correction,
                            create_hf_generator, mismatch_metrics, rollout_correction, sampler_copy)
@@ -317,34 +318,79 @@ def test_a_correction_needs_the_samplers_logprobs():
         train(config._replace(generator="hf_bf16"), generator=plain, progress=False)
 
 
-def test_a_measured_mismatch_costs_no_extra_scoring_pass():
-    """With rollout_correction 'none' and one update per batch, the trainer's log-probs come from the update's own
-    forward pass: as many model calls as a batch without the sampler's log-probs, fewer than a correction needs (it
-    weighs the tokens before the update), and the same mismatch figures."""
-    from rlnb import TrainingConfig, TrainingState, create_batch_rollouts, create_optimizer, training_step
+def bf16_sampled_step_setup():
+    """A LoRA policy, its starting weights and a batch sampled by its bf16 copy (so the rollouts carry log-probs), with
+    random rewards (the task's are all 0 here: no advantage, no gradient to compare)."""
     model, tok = load_tiny_model(progress=False)
     policy = apply_lora(model, r=4)
     set_seed(0)
     batch = create_batch_rollouts(policy, tok, rlnb.get_task("addition").sample(4, seed=2),
                                   GenerationConfig(max_new_tokens=6, num_return_sequences=4),
                                   generator=create_hf_generator("bfloat16"))
-    plain = [r._replace(generation=r.generation._replace(logprobs=None)) for r in batch.rollouts]
-    start = {k: p.detach().clone() for k, p in policy.named_parameters()}
-    calls, out = [], {}
+    rewards = torch.rand(len(batch.rollouts)).tolist()
+    rollouts = [r._replace(rewards=x) for r, x in zip(batch.rollouts, rewards)]
+    return policy, tok, {k: p.detach().clone() for k, p in policy.named_parameters()}, rollouts
+
+
+def one_step(policy, tok, start, rollouts, algorithm="grpo", **config):
+    "training_step from `start`'s weights: (policy calls, its metrics, the gradients the optimizer step received)."
+    from rlnb import TrainingConfig, TrainingState, create_algorithm_config, create_optimizer, training_step
+    from rlnb.training import default_optimizer_step
+    with torch.no_grad():
+        for k, p in policy.named_parameters(): p.copy_(start[k])
+    opt, _ = create_optimizer(policy, learning_rate=1e-3)
+    calls, grads = [], {}
+
+    def step_fn(state, max_grad_norm):  # the gradients, read before the step clears them
+        grads.update({k: p.grad.clone() for k, p in policy.named_parameters() if p.grad is not None})
+        return default_optimizer_step(state, max_grad_norm)
     hook = policy.register_forward_pre_hook(lambda m, a, k: calls.append(1), with_kwargs=True)
-    for mode, rollouts in (("plain", plain), ("none", batch.rollouts), ("tis_token", batch.rollouts)):
-        with torch.no_grad():
-            for k, p in policy.named_parameters(): p.copy_(start[k])
-        opt, _ = create_optimizer(policy, learning_rate=1e-3)
-        calls.clear()
-        config = TrainingConfig(rollout_correction="none" if mode == "plain" else mode,
-                                rollout_correction_cap=100.0)  # the cap never binds: the figures are comparable
-        _, stats = training_step(TrainingState(0, 0, policy, opt, None), rollouts, rlnb.create_grpo_config(),
-                                 tokenizer=tok, config=config)
-        out[mode] = (len(calls), stats.custom_metrics)
-    hook.remove()
-    assert out["none"][0] == out["plain"][0] < out["tis_token"][0]
+    try:
+        _, stats = training_step(TrainingState(0, 0, policy, opt, None), rollouts, create_algorithm_config(algorithm),
+                                 optimizer_step_fn=step_fn, tokenizer=tok, config=TrainingConfig(**config))
+    finally: hook.remove()
+    return len(calls), stats.custom_metrics, grads
+
+
+def test_a_measured_or_weighing_correction_costs_no_extra_scoring_pass():
+    """With one update per batch, the trainer's log-probs come from the update's own forward pass: measuring the
+    mismatch ('none') or weighing tokens (TIS) makes as many model calls as a batch without the sampler's log-probs,
+    fewer than a correction that drops tokens (it must act before the micro-batches are cut), same mismatch figures."""
+    policy, tok, start, rollouts = bf16_sampled_step_setup()
+    plain = [r._replace(generation=r.generation._replace(logprobs=None)) for r in rollouts]
+    out = {mode: one_step(policy, tok, start, plain if mode == "plain" else rollouts,
+                          rollout_correction="none" if mode == "plain" else mode,
+                          rollout_correction_cap=100.0)[:2]  # the cap never binds: the figures are comparable
+           for mode in ("plain", "none", "tis_token", "tis_seq", "mis_token")}
+    assert out["plain"][0] == out["none"][0] == out["tis_token"][0] == out["tis_seq"][0] < out["mis_token"][0]
     assert "mismatch/kl" not in out["plain"][1]
-    for key in ("mismatch/kl", "mismatch/ratio_min", "mismatch/ratio_max", "mismatch/logprob_abs_diff_max"):
-        assert out["none"][1][key] == pytest.approx(out["tis_token"][1][key], rel=1e-4, abs=1e-7), key
+    for mode in ("tis_token", "tis_seq", "mis_token"):
+        for key in ("mismatch/kl", "mismatch/ratio_min", "mismatch/ratio_max", "mismatch/logprob_abs_diff_max"):
+            assert out["none"][1][key] == pytest.approx(out[mode][1][key], rel=1e-4, abs=1e-7), (mode, key)
     assert out["none"][1]["mismatch/kl"] > 0
+
+
+@pytest.mark.parametrize("mode, algorithm, top", [("tis_token", "grpo", 1.0), ("tis_seq", "grpo", 1.0),
+                                                  ("tis_token", "gspo", 1.0), ("tis_seq", "dr_grpo", 1.0),
+                                                  ("tis_seq", "gspo", 1.0), ("tis_token", "gspo", 0.5)])
+def test_a_correction_in_the_update_pass_equals_the_rescored_one(mode, algorithm, top):
+    """TIS taken from each micro-batch's own pass gives the gradients and figures of the same correction applied
+    after a rescoring pass (a copy of the mode under another name takes that route), with the cap binding. With the
+    high-entropy mask (top < 1) both take the rescoring route: GSPO's row weight must span all of the row's tokens."""
+    policy, tok, start, rollouts = bf16_sampled_step_setup()
+    ROLLOUT_CORRECTIONS["rescored_copy"] = lambda *args: ROLLOUT_CORRECTIONS[mode](*args)
+    try:
+        runs = [one_step(policy, tok, start, rollouts, algorithm, rollout_correction=name, micro_batch_size=5,
+                         rollout_correction_cap=1.002, entropy_top_fraction=top)
+                for name in (mode, "rescored_copy", "none")]
+    finally: del ROLLOUT_CORRECTIONS["rescored_copy"]
+    (calls, metrics, grads), (calls_rescored, metrics_rescored, grads_rescored), (_, _, grads_plain) = runs
+    assert (calls < calls_rescored) == (top == 1.0)
+    assert 0 < metrics["mismatch/weight_mean"] < 1  # the cap binds on some tokens
+    for key in ("mismatch/kl", "mismatch/weight_mean", "loss/total", "grad_norm"):
+        assert metrics[key] == pytest.approx(metrics_rescored[key], rel=1e-4, abs=1e-7), key
+    assert grads and grads.keys() == grads_rescored.keys()
+    for k in grads: torch.testing.assert_close(grads[k], grads_rescored[k], rtol=1e-4, atol=1e-7)
+    flat = lambda g: torch.cat([g[k].flatten() for k in sorted(g)])  # LoRA's A matrices get 0 at the start (B = 0)
+    changed = float((flat(grads) - flat(grads_plain)).norm() / flat(grads_plain).norm())
+    assert changed > 1e-3, changed  # the correction did change the update
