@@ -34,13 +34,16 @@ last 10 iterations, seconds per iteration (the iterations' own time, `time/step_
 relative to GRPO's; the tool task adds the right-call and copied-result shares at the end. The last two columns
 compare each algorithm's mean end evaluation with GRPO's: the difference, and whether it exceeds the seed noise by
 this rule: |difference| > 2 x its standard error, sqrt(s_a^2 / n_a + s_grpo^2 / n_grpo) with s the std over seeds
-("yes"), else "no" (with one seed there is no noise estimate: "?"). Drawn: one PNG, sampled reward (top row) and
+("yes"), else "no"; an algorithm run with one seed takes GRPO's s (the same seed noise assumed), and with one
+seed of both there is no noise estimate ("?"). Drawn: one PNG, sampled reward (top row) and
 the evaluation (bottom row) against the iteration, one column per family of algorithms, GRPO in each for
 reference, mean ± std over seeds.
 
     python benchmarks/algorithms.py                                   # all, addition, 200 iterations, seeds 0,1,2
     python benchmarks/algorithms.py --task tool_use --workers 2       # all, the tool task (150 iterations)
     python benchmarks/algorithms.py --task smollm2 --seeds 0 --algorithms grpo,cispo   # SmolLM2, 20 iterations
+    .venv-vllm/bin/python benchmarks/algorithms.py --task smollm2 --set all.generator=vllm_bf16 \
+        --set all.mixed_precision=bf16 --workers 2   # SmolLM2, sampled by the bf16 engine, bf16 autocast update
     python benchmarks/algorithms.py --algorithms grpo,cispo,remax --iterations 20 --seeds 0 --eval-every 10  # a look
     python benchmarks/algorithms.py --algorithms grpo --set grpo.learning_rate=5e-3   # change one setting
 
@@ -132,6 +135,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None,
                    help="linear warm-up, in optimizer steps, before the cosine decay (default: 5%% of the iterations)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--grpo-seeds", default=None,
+                   help="GRPO's seeds, if not --seeds: the reference of every comparison, so more seeds of it tighten "
+                        "them all (e.g. --seeds 0 --grpo-seeds 0,1,2)")
     p.add_argument("--workers", type=int, default=1,
                    help="runs in parallel (at most the cores divided by --threads)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
@@ -141,8 +147,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-size", type=int, default=None,
                    help="held-out prompts per evaluation (default: 128; smollm2 64)")
     p.add_argument("--set", action="append", default=[], metavar="ALGO.FIELD=VALUE",
-                   help="change a setting, e.g. grpo.learning_rate=5e-3 or dapo.overlong_buffer=0 "
-                        "(VALUE is JSON; repeatable)")
+                   help="change a setting, e.g. grpo.learning_rate=5e-3 or dapo.overlong_buffer=0; 'all.' changes "
+                        "it for every algorithm, e.g. all.generator=vllm_bf16 (VALUE: JSON, else text; repeatable)")
     p.add_argument("--plot", default=None, help="PNG of the curves ('' = none; default benchmarks/algorithms.png, "
                                                 "algorithms_tool_use.png, algorithms_smollm2.png)")
     p.add_argument("--json", default="", help="write every run (curves included) to this JSON file ('' = none)")
@@ -155,6 +161,7 @@ def parse_args(argv=None):
     for key in ("iterations", "eval_every", "eval_size"):
         if getattr(args, key) is None: setattr(args, key, task[key])
     if args.warmup is None: args.warmup = max(1, round(0.05 * args.iterations))
+    if args.grpo_seeds is None: args.grpo_seeds = args.seeds
     if args.plot is None:
         args.plot = str(HERE / ("algorithms.png" if args.task == "addition" else f"algorithms_{args.task}.png"))
     if args.iterations < 1: p.error(f"--iterations must be >= 1, got {args.iterations}")
@@ -163,7 +170,7 @@ def parse_args(argv=None):
 
 
 def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
-    "SETTINGS[name] for `task` (the learning rate scaled to the task's) with the --set changes for `name` applied."
+    "SETTINGS[name] for `task` (the learning rate scaled to the task's), then the --set changes for `name` or 'all'."
     from rlnb.core import TrainingConfig
     out = dict(SETTINGS.get(name, DEFAULT_SETTINGS))
     grpo_lr = TASKS[task]["grpo_lr"]
@@ -173,7 +180,7 @@ def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
     for change in changes:
         key, _, value = change.partition("=")
         algo, _, field = key.partition(".")
-        if algo != name: continue
+        if algo not in (name, "all"): continue
         try: value = json.loads(value)
         except json.JSONDecodeError: pass  # a plain string
         if field in TrainingConfig._fields: out[field] = value
@@ -325,11 +332,13 @@ def std(xs) -> float:
 
 
 def beyond_noise(a: list[float], b: list[float], z: float = 2.0) -> tuple[float, float, str]:
-    "(mean(a) - mean(b), z x the difference's standard error, 'yes'/'no'; '?' when a side has one value)."
+    """(mean(a) - mean(b), z x the difference's standard error, 'yes'/'no'). A side with one value takes the other
+    side's std (the same seed noise assumed for both); '?' when neither side has two values."""
     a, b = finite(a), finite(b)
     diff = mean(a) - mean(b)
-    if len(a) < 2 or len(b) < 2: return diff, float("nan"), "?"
-    bound = z * (std(a) ** 2 / len(a) + std(b) ** 2 / len(b)) ** 0.5
+    if len(a) < 2 and len(b) < 2: return diff, float("nan"), "?"
+    sa, sb = (std(a) if len(a) > 1 else std(b)), (std(b) if len(b) > 1 else std(a))
+    bound = z * (sa ** 2 / len(a) + sb ** 2 / len(b)) ** 0.5
     return diff, bound, "yes" if abs(diff) > bound else "no"
 
 
@@ -394,10 +403,12 @@ def table(by_algo: dict[str, list[dict]], task: str) -> str:
     return "\n".join(lines)
 
 
-def caption(task: str, n_seeds: int) -> str:
-    return (f"Mean ± std over {n_seeds} seed(s). \"{TASKS[task]['eval_short']} end - GRPO (2 SE)\": the difference of "
-            "the mean end evaluations and, in brackets, twice its standard error sqrt(s_a^2/n_a + s_grpo^2/n_grpo) "
-            "(s: the std over seeds); \"beyond seed noise\" is yes when |difference| > 2 SE (? with one seed).")
+def caption(task: str, n_seeds: int, n_grpo: int) -> str:
+    grpo = f" (GRPO: {n_grpo})" if n_grpo != n_seeds else ""
+    return (f"Mean ± std over {n_seeds} seed(s){grpo}. \"{TASKS[task]['eval_short']} end - GRPO (2 SE)\": the "
+            "difference of the mean end evaluations and, in brackets, twice its standard error "
+            "sqrt(s_a^2/n_a + s_grpo^2/n_grpo) (s: the std over seeds; an algorithm with one seed takes GRPO's); "
+            "\"beyond seed noise\" is yes when |difference| > 2 SE (? with one seed of both).")
 
 
 def per_seed_lines(by_algo: dict[str, list[dict]], task: str) -> str:
@@ -469,13 +480,14 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
         ax.set(title=f"{title}\nsampled reward (mean of the last {window} iterations)", ylabel="sampled reward")
         bx.set(title=f"{task['eval_name']}\n{args.eval_size} held-out prompts", xlabel="iteration",
                ylabel=task["eval_short"])
-        bx.set_ylim(0, 1 if args.task != "tool_use" else None)
+        bx.set_ylim(0, 1 if args.task == "addition" else None)
         ax.grid(alpha=0.3)
         bx.grid(alpha=0.3)
         bx.legend(fontsize=7, loc="lower right")  # one legend per column: the same lines in both rows
-    seeds = len(args.seeds.split(","))
+    seeds, grpo = len(args.seeds.split(",")), len(args.grpo_seeds.split(","))
+    over = f"{seeds} seed(s)" + (f" (GRPO {grpo})" if grpo != seeds else "")
     fig.suptitle(f"{args.task}: {args.iterations} iterations per run, cosine schedule (warm-up {args.warmup}), "
-                 f"{args.threads} torch thread(s) per run\nmean ± std over {seeds} seed(s); GRPO dashed in each panel")
+                 f"{args.threads} torch thread(s) per run\nmean ± std over {over}; GRPO dashed in each panel")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -495,6 +507,7 @@ def main(argv=None):
     unknown = [n for n in names if n not in ALGORITHMS]
     if unknown: sys.exit(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
+    seeds_of = lambda n: [int(s) for s in args.grpo_seeds.split(",")] if n == "grpo" else seeds
     cpus = os.cpu_count() or 1
     if args.workers * args.threads > cpus:
         print(f"warning: {args.workers} workers x {args.threads} threads on {cpus} cores: the runs will slow each "
@@ -510,19 +523,21 @@ def main(argv=None):
     specs = [dict(algorithm=n, seed=s, task=args.task, iterations=args.iterations, warmup=args.warmup,
                   eval_every=args.eval_every, eval_size=args.eval_size, threads=args.threads, teacher=teacher,
                   settings=settings_for(n, args.set, args.task), output_dir=str(tmp / f"{n}_seed{s}"))
-             for s in seeds for n in names if skipped[n] is None]
+             for s in sorted(set(seeds) | set(seeds_of("grpo"))) for n in names
+             if skipped[n] is None and s in seeds_of(n)]
     load_start = os.getloadavg()
     import torch, transformers
     print(f"rlnb {getattr(rlnb, '__version__', '?')}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}; {cpus} CPUs, "
           f"load average {load_start[0]:.2f} (1 min) at the start")
-    print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds, {args.iterations} iterations each "
-          f"(cosine, warm-up {args.warmup}), {args.workers} worker(s) x {args.threads} torch thread(s); "
+    grpo_seeds = f" (GRPO {len(seeds_of('grpo'))})" if seeds_of("grpo") != seeds else ""
+    print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds{grpo_seeds}, {args.iterations} iterations "
+          f"each (cosine, warm-up {args.warmup}), {args.workers} worker(s) x {args.threads} torch thread(s); "
           f"evaluation every {args.eval_every} iterations on {args.eval_size} prompts; runs in {tmp}", flush=True)
     for n, why in skipped.items():
         if why: print(f"  {n}: skipped ({why})", flush=True)
     t0 = time.perf_counter()
-    results = [dict(algorithm=n, seed=s, skipped=why) for n, why in skipped.items() if why for s in seeds]
+    results = [dict(algorithm=n, seed=s, skipped=why) for n, why in skipped.items() if why for s in seeds_of(n)]
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         for r in pool.map(launch, specs):
             results.append(r)
@@ -540,7 +555,7 @@ def main(argv=None):
     print(f"\n{elapsed:.0f} s in all; load average {load_start[0]:.2f} at the start, "
           f"{load_end[0]:.2f} at the end (1 min)\n")
     print(table(by_algo, args.task))
-    print("\n" + caption(args.task, len(seeds)))
+    print("\n" + caption(args.task, len(seeds), len(seeds_of("grpo"))))
     print("\n" + per_seed_lines(by_algo, args.task))
     if args.plot:
         if plot(by_algo, args, args.plot): print(f"\nplot: {args.plot}")

@@ -18,6 +18,8 @@ def test_beyond_noise():
     assert diff == pytest.approx(0.1) and bound == pytest.approx(2 * 0.2 / 3 ** 0.5) and verdict == "no"
     diff, bound, verdict = zoo.beyond_noise([0.9], [0.5])  # one seed: no noise estimate
     assert diff == pytest.approx(0.4) and math.isnan(bound) and verdict == "?"
+    diff, bound, verdict = zoo.beyond_noise([0.9], [0.6, 0.7, 0.8])  # one seed: GRPO's std 0.1 stands for both
+    assert diff == pytest.approx(0.2) and bound == pytest.approx(2 * (0.01 + 0.01 / 3) ** 0.5) and verdict == "no"
 
 
 def test_mean_std_moving_mean():
@@ -42,6 +44,9 @@ def test_settings_for_scales_the_learning_rate_per_task():
     changed = zoo.settings_for("grpo", ["grpo.learning_rate=5e-3", "grpo.clip_eps=0.1", "dpo.beta=1"])
     assert changed["learning_rate"] == 5e-3 and changed["algorithm_options"] == {"clip_eps": 0.1}
     assert zoo.settings_for("not_listed", [])["learning_rate"] == zoo.DEFAULT_SETTINGS["learning_rate"]
+    every = ["all.generator=vllm_bf16", "all.learning_rate=1e-3", "dpo.learning_rate=5e-4"]
+    assert zoo.settings_for("grpo", every) == dict(learning_rate=1e-3, generator="vllm_bf16")
+    assert zoo.settings_for("dpo", every)["learning_rate"] == 5e-4  # later changes win
 
 
 def test_every_registered_algorithm_has_settings_and_a_family():
