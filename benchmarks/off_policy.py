@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/off_policy.py [--iterations 100] [--seeds 0 1 2]                 # the tiny model
     .venv-vllm/bin/python benchmarks/off_policy.py --model smollm2 --generator vllm_bf16 --iterations 12 --seeds 0
+    .venv-vllm/bin/python benchmarks/off_policy.py --model smollm2 --correction tis_token --iterations 10 --seeds 0 1
 
 Each run is `train` for `--iterations` iterations at a constant learning rate, once with `off_policy_steps=0` (sample,
 then update) and once with `off_policy_steps=1` (the next batch sampled in a thread while this one trains), one torch
@@ -9,10 +10,9 @@ thread per side, so two cores can overlap them. The tiny model runs the README's
 samples, LoRA); `--model smollm2` the chat task of chapter 45 (8 prompts x 8, 40 new tokens, T 0.7, lr 2e-4, micro-
 batches of 16). `--generator` picks the sampler (`TrainingConfig.generator`: hf, hf_bf16, vllm, vllm_bf16; the vLLM
 ones need .venv-vllm), `--correction` the off-policy run's `rollout_correction` and `--mixed-precision` both runs'
-`mixed_precision`. Printed: seconds per iteration
-(after the first, which builds what is cached), the sampled reward over the last quarter, the final greedy accuracy on
-64 held-out prompts, the mean mismatch KL (the sampler's own, plus the lag when off-policy) and the seconds spent
-sampling a batch (in the thread when off-policy).
+`mixed_precision`. Printed: seconds per iteration (after the first, which builds what is cached), the sampled reward
+over the last quarter, the final greedy accuracy on 64 held-out prompts, the mean mismatch KL (the sampler's own,
+plus the lag when off-policy) and the seconds spent sampling a batch (in the thread when off-policy).
 """
 import argparse, statistics, time
 
