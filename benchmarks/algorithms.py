@@ -123,6 +123,7 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
 TEACHER_ITERATIONS = 300  # opd's teacher: the tiny model after this many GRPO iterations (as chapter 39 caches it)
+TOOL_TEACHER_ITERATIONS = 200  # opd's teacher on the tool task: the SFT'd model after this many GRPO iterations
 
 
 def parse_args(argv=None):
@@ -152,6 +153,9 @@ def parse_args(argv=None):
     p.add_argument("--plot", default=None, help="PNG of the curves ('' = none; default benchmarks/algorithms.png, "
                                                 "algorithms_tool_use.png, algorithms_smollm2.png)")
     p.add_argument("--json", default="", help="write every run (curves included) to this JSON file ('' = none)")
+    p.add_argument("--report", default="", metavar="JSON",
+                   help="run nothing: print the table and draw the plot of a sweep saved with --json (written after "
+                        "every run, so a stopped sweep reports the runs it finished)")
     p.add_argument("--keep", action="store_true",
                    help="keep the runs' output folders (metrics.jsonl, checkpoint) and print where")
     # internal: run one (algorithm, seed) and print JSON
@@ -162,7 +166,7 @@ def parse_args(argv=None):
         if getattr(args, key) is None: setattr(args, key, task[key])
     if args.warmup is None: args.warmup = max(1, round(0.05 * args.iterations))
     if args.grpo_seeds is None: args.grpo_seeds = args.seeds
-    if args.plot is None:
+    if args.plot is None and not args.report:
         args.plot = str(HERE / ("algorithms.png" if args.task == "addition" else f"algorithms_{args.task}.png"))
     if args.iterations < 1: p.error(f"--iterations must be >= 1, got {args.iterations}")
     if not 0 <= args.warmup <= args.iterations: p.error(f"--warmup must be in [0, --iterations], got {args.warmup}")
@@ -188,25 +192,41 @@ def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
     return out
 
 
-def teacher_dir() -> Path:
-    "opd's teacher on addition, as chapter 39 caches it: GRPO from the tiny model, LoRA merged, built if missing."
-    from rlnb.cache import build_atomically, default_cache_dir
-    from rlnb.core import TrainingConfig
-    from rlnb.tiny import build_tokenizer
-    from rlnb.training import train
-    folder = default_cache_dir() / f"opd-teacher-addition-grpo{TEACHER_ITERATIONS}-seed0"
+def teacher_dir(task: str, iterations: int | None = None) -> Path:
+    """opd's teacher on `task`, built once and cached: the task's own start trained further with GRPO.
 
-    def build(path):
-        state = train(TrainingConfig(num_iterations=TEACHER_ITERATIONS, eval_every=0, seed=0), progress=False)
+    addition: the tiny model after TEACHER_ITERATIONS GRPO iterations, LoRA merged, as chapter 39 caches it.
+    tool_use: the SFT'd tool-use model after TOOL_TEACHER_ITERATIONS GRPO iterations of the task's own settings
+    (`rlnb.tool_use_config`: full fine-tuning, 2e-4), on prompts of seed 100 (the runs train on seeds 0, 1, 2)."""
+    from rlnb.cache import build_atomically, default_cache_dir
+    n = iterations or (TEACHER_ITERATIONS if task == "addition" else TOOL_TEACHER_ITERATIONS)
+    folder = default_cache_dir() / f"opd-teacher-{task}-grpo{n}-seed0"
+
+    def build_addition(path):
+        from rlnb.core import TrainingConfig
+        from rlnb.tiny import build_tokenizer
+        from rlnb.training import train
+        state = train(TrainingConfig(num_iterations=n, eval_every=0, seed=0), progress=False)
         state.model.merge_and_unload().save_pretrained(path)
         build_tokenizer().save_pretrained(path)
+
+    def build_tool_use(path):
+        import rlnb
+        model, tokenizer = rlnb.load_tool_use_model()
+        task = rlnb.products_task()
+        state, _ = rlnb.quick_start_training(rlnb.tool_use_config(num_iterations=n, seed=0), model=model,
+                                             tokenizer=tokenizer, prompts=task.sample(20_000, seed=100),
+                                             rollout_fn=rlnb.create_tool_use_rollout_fn(task), progress=False)
+        state.model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    build = dict(addition=build_addition, tool_use=build_tool_use)[task]
     return build_atomically(folder, build, lambda p: (p / "model.safetensors").exists())
 
 
 def skip_reason(name: str, task: str) -> str | None:
     "Why `name` cannot run on `task` here (None: it can)."
-    if name == "opd" and task != "addition":
-        return f"opd needs a teacher on the {task} task's tokenizer and skill; this script has one only for addition"
+    if name == "opd" and task == "smollm2":
+        return "opd needs a teacher on SmolLM2's tokenizer that knows the task better; this script has none"
     return None
 
 
@@ -279,6 +299,7 @@ def run_one(spec: dict) -> dict:
             e = rlnb.evaluate_tool_use(state.model, tokenizer, task, n=spec["eval_size"])
             return dict(value=e["reward"], right_call=e["tool_use/right_call"],
                         copied_result=e["tool_use/copied_result"], calls_per_episode=e["calls_per_episode"])
+        if spec["algorithm"] == "opd": config = config._replace(teacher=spec["teacher"])
         rollout_fn = rlnb.create_tool_use_rollout_fn(task._replace(reward_fn=counted(task.reward_fn)))
         if spec["algorithm"] == "remax": rollout_fn = greedy_episode_baseline(rollout_fn, task)
         state, _ = rlnb.quick_start_training(config, model=model, tokenizer=tokenizer,
@@ -484,7 +505,7 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
         ax.grid(alpha=0.3)
         bx.grid(alpha=0.3)
         bx.legend(fontsize=7, loc="lower right")  # one legend per column: the same lines in both rows
-    seeds, grpo = len(args.seeds.split(",")), len(args.grpo_seeds.split(","))
+    seeds, grpo = map(len, seed_lists(args))
     over = f"{seeds} seed(s)" + (f" (GRPO {grpo})" if grpo != seeds else "")
     fig.suptitle(f"{args.task}: {args.iterations} iterations per run, cosine schedule (warm-up {args.warmup}), "
                  f"{args.threads} torch thread(s) per run\nmean ± std over {over}; GRPO dashed in each panel")
@@ -494,8 +515,44 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
     return True
 
 
+def seed_lists(args) -> tuple[list[int], list[int]]:
+    "The seeds of every algorithm, and GRPO's."
+    return [int(s) for s in args.seeds.split(",")], [int(s) for s in args.grpo_seeds.split(",")]
+
+
+def report(results: list[dict], names: list[str], args) -> None:
+    "Print the table, its caption and the per-seed lines, and draw the plot, from the runs' results."
+    by_algo = {n: [r for r in results if r["algorithm"] == n] for n in names}
+    seeds, grpo_seeds = seed_lists(args)
+    print(table(by_algo, args.task))
+    print("\n" + caption(args.task, len(seeds), len(grpo_seeds)))
+    print("\n" + per_seed_lines(by_algo, args.task))
+    if args.plot and plot(by_algo, args, args.plot): print(f"\nplot: {args.plot}")
+
+
+def save(path: str, args, names: list[str], results: list[dict], cpus: int, load_average: dict, elapsed: float,
+         partial: bool = False) -> None:
+    "Write every run (curves included), the settings and the machine to a JSON file; `--report` reads it back."
+    import torch, transformers
+    done = lambda runs: [summarize(r) for r in runs if "error" not in r and "skipped" not in r]
+    info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
+                versions=dict(torch=torch.__version__, transformers=transformers.__version__,
+                              python=platform.python_version()),
+                load_average=load_average, elapsed_s=elapsed, partial=partial,
+                summary={n: done([r for r in results if r["algorithm"] == n]) for n in names}, runs=results)
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(info, indent=1, default=str))
+    tmp.replace(path)  # never a half-written file
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.report:  # the table and plot again from a saved sweep (a finished or a stopped one)
+        info = json.loads(Path(args.report).read_text())
+        saved = argparse.Namespace(**{**info["args"], "plot": info["args"]["plot"] if args.plot is None else args.plot})
+        if info.get("partial"): print(f"{args.report}: a stopped sweep; only the runs it finished are reported\n")
+        report(info["runs"], list(info["settings"]), saved)
+        return
     if args.child:
         import warnings
         warnings.filterwarnings("ignore")
@@ -506,8 +563,8 @@ def main(argv=None):
     names = [n for n in args.algorithms.split(",") if n] or list(ALGORITHMS)
     unknown = [n for n in names if n not in ALGORITHMS]
     if unknown: sys.exit(f"unknown algorithm(s) {unknown}; registered: {sorted(ALGORITHMS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    seeds_of = lambda n: [int(s) for s in args.grpo_seeds.split(",")] if n == "grpo" else seeds
+    seeds, grpo_seeds = seed_lists(args)
+    seeds_of = lambda n: grpo_seeds if n == "grpo" else seeds
     cpus = os.cpu_count() or 1
     if args.workers * args.threads > cpus:
         print(f"warning: {args.workers} workers x {args.threads} threads on {cpus} cores: the runs will slow each "
@@ -518,7 +575,7 @@ def main(argv=None):
         from rlnb.tiny import load_tiny_model
         load_tiny_model("addition", progress=False)
     skipped = {n: skip_reason(n, args.task) for n in names}
-    teacher = str(teacher_dir()) if "opd" in names and skipped["opd"] is None else None
+    teacher = str(teacher_dir(args.task)) if "opd" in names and skipped["opd"] is None else None
     tmp = Path(tempfile.mkdtemp(prefix="rlnb_algorithms_"))
     specs = [dict(algorithm=n, seed=s, task=args.task, iterations=args.iterations, warmup=args.warmup,
                   eval_every=args.eval_every, eval_size=args.eval_size, threads=args.threads, teacher=teacher,
@@ -530,8 +587,8 @@ def main(argv=None):
     print(f"rlnb {getattr(rlnb, '__version__', '?')}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}; {cpus} CPUs, "
           f"load average {load_start[0]:.2f} (1 min) at the start")
-    grpo_seeds = f" (GRPO {len(seeds_of('grpo'))})" if seeds_of("grpo") != seeds else ""
-    print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds{grpo_seeds}, {args.iterations} iterations "
+    grpo_note = f" (GRPO {len(grpo_seeds)})" if grpo_seeds != seeds else ""
+    print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds{grpo_note}, {args.iterations} iterations "
           f"each (cosine, warm-up {args.warmup}), {args.workers} worker(s) x {args.threads} torch thread(s); "
           f"evaluation every {args.eval_every} iterations on {args.eval_size} prompts; runs in {tmp}", flush=True)
     for n, why in skipped.items():
@@ -541,6 +598,9 @@ def main(argv=None):
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         for r in pool.map(launch, specs):
             results.append(r)
+            if args.json:  # after every run, so that a stopped sweep keeps what it finished (see --report)
+                save(args.json, args, names, results, cpus, dict(start=load_start), time.perf_counter() - t0,
+                     partial=True)
             if "error" in r:
                 print(f"  {r['algorithm']} seed {r['seed']}: FAILED\n{r['error']}", flush=True)
                 continue
@@ -551,23 +611,11 @@ def main(argv=None):
                   f"{r['process_s']:.0f} s", flush=True)
     elapsed = time.perf_counter() - t0
     load_end = os.getloadavg()
-    by_algo = {n: [r for r in results if r["algorithm"] == n] for n in names}
     print(f"\n{elapsed:.0f} s in all; load average {load_start[0]:.2f} at the start, "
           f"{load_end[0]:.2f} at the end (1 min)\n")
-    print(table(by_algo, args.task))
-    print("\n" + caption(args.task, len(seeds), len(seeds_of("grpo"))))
-    print("\n" + per_seed_lines(by_algo, args.task))
-    if args.plot:
-        if plot(by_algo, args, args.plot): print(f"\nplot: {args.plot}")
+    report(results, names, args)
     if args.json:
-        info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
-                    versions=dict(torch=torch.__version__, transformers=transformers.__version__,
-                                  python=platform.python_version()),
-                    load_average=dict(start=load_start, end=load_end), elapsed_s=elapsed,
-                    summary={n: [summarize(r) for r in runs if "error" not in r and "skipped" not in r]
-                             for n, runs in by_algo.items()},
-                    runs=results)
-        Path(args.json).write_text(json.dumps(info, indent=1, default=str))
+        save(args.json, args, names, results, cpus, dict(start=load_start, end=load_end), elapsed)
         print(f"json: {args.json}")
     if args.keep: print(f"run folders kept in {tmp}")
     else:
