@@ -21,8 +21,10 @@ algorithm's settings from `SETTINGS` below and its registered defaults otherwise
 
 Learning rates: `SETTINGS` holds the addition task's (measured there). On the other tasks each algorithm gets the
 task's GRPO learning rate (tool_use 2e-4, smollm2 2e-4) times its SETTINGS rate over GRPO's (so DPO runs at half).
-`opd` learns from a teacher: on addition the tiny model after 300 GRPO iterations, as chapter 39 builds and caches it
-(built here once if missing); on the other tasks there is none, and it is skipped with the reason printed. On the
+`opd` learns from a teacher, the task's own start trained further with GRPO and cached (built here once if missing,
+see `teacher_dir`): on addition the tiny model after 300 iterations (as chapter 39 caches it), on the tool task the
+SFT'd model after 200, on SmolLM2 SmolLM2 after 30 (LoRA merged). Sweeps saved before every task had a teacher hold
+"skipped" opd rows; `--report` prints them as such. On the
 tool task ReMax's baseline is each prompt's greedy EPISODE (calls included), and DAPO runs without its overlong
 penalty (train applies it only with its own rollout_fn).
 
@@ -123,7 +125,8 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
 TEACHER_ITERATIONS = 300  # opd's teacher: the tiny model after this many GRPO iterations (as chapter 39 caches it)
-TOOL_TEACHER_ITERATIONS = 200  # opd's teacher on the tool task: the SFT'd model after this many GRPO iterations
+# opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir)
+TEACHER_ITERATIONS_OF = dict(addition=TEACHER_ITERATIONS, tool_use=200, smollm2=30)
 
 
 def parse_args(argv=None):
@@ -192,14 +195,17 @@ def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
     return out
 
 
-def teacher_dir(task: str, iterations: int | None = None) -> Path:
+def teacher_dir(task: str, iterations: int | None = None, changes: tuple[str, ...] = ()) -> Path:
     """opd's teacher on `task`, built once and cached: the task's own start trained further with GRPO.
 
     addition: the tiny model after TEACHER_ITERATIONS GRPO iterations, LoRA merged, as chapter 39 caches it.
-    tool_use: the SFT'd tool-use model after TOOL_TEACHER_ITERATIONS GRPO iterations of the task's own settings
-    (`rlnb.tool_use_config`: full fine-tuning, 2e-4), on prompts of seed 100 (the runs train on seeds 0, 1, 2)."""
+    tool_use: the SFT'd tool-use model after TEACHER_ITERATIONS_OF["tool_use"] GRPO iterations of the task's own
+    settings (`rlnb.tool_use_config`: full fine-tuning, 2e-4), on prompts of seed 100 (the runs train on 0, 1, 2).
+    smollm2: SmolLM2 after TEACHER_ITERATIONS_OF["smollm2"] iterations of the zoo's GRPO run there (cosine, seed 100),
+    LoRA merged; the sweep's `--set all.` changes (`changes`) apply to it the first time it is built (they choose
+    the sampler and precision, so they change its speed, not what it is)."""
     from rlnb.cache import build_atomically, default_cache_dir
-    n = iterations or (TEACHER_ITERATIONS if task == "addition" else TOOL_TEACHER_ITERATIONS)
+    n = iterations or TEACHER_ITERATIONS_OF[task]
     folder = default_cache_dir() / f"opd-teacher-{task}-grpo{n}-seed0"
 
     def build_addition(path):
@@ -219,15 +225,19 @@ def teacher_dir(task: str, iterations: int | None = None) -> Path:
                                              rollout_fn=rlnb.create_tool_use_rollout_fn(task), progress=False)
         state.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
-    build = dict(addition=build_addition, tool_use=build_tool_use)[task]
+    def build_smollm2(path):
+        from rlnb.core import create_training_config
+        from rlnb.models import load_tokenizer
+        from rlnb.training import train
+        settings = settings_for("grpo", [c for c in changes if c.startswith("all.")], "smollm2")
+        config = create_training_config(**{**TASKS["smollm2"]["config"], **settings}, num_iterations=n,
+                                        lr_schedule="cosine", warmup_steps=max(1, round(0.05 * n)), eval_every=0,
+                                        seed=100)
+        state = train(config, progress=False)
+        state.model.merge_and_unload().save_pretrained(path)
+        load_tokenizer(config.model).save_pretrained(path)
+    build = dict(addition=build_addition, tool_use=build_tool_use, smollm2=build_smollm2)[task]
     return build_atomically(folder, build, lambda p: (p / "model.safetensors").exists())
-
-
-def skip_reason(name: str, task: str) -> str | None:
-    "Why `name` cannot run on `task` here (None: it can)."
-    if name == "opd" and task == "smollm2":
-        return "opd needs a teacher on SmolLM2's tokenizer that knows the task better; this script has none"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------------- one run
@@ -549,7 +559,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.report:  # the table and plot again from a saved sweep (a finished or a stopped one)
         info = json.loads(Path(args.report).read_text())
-        saved = argparse.Namespace(**{**info["args"], "plot": info["args"]["plot"] if args.plot is None else args.plot})
+        saved = dict(info["args"], plot=info["args"]["plot"] if args.plot is None else args.plot)
+        saved.setdefault("grpo_seeds", saved["seeds"])  # saved before --grpo-seeds existed
+        saved = argparse.Namespace(**saved)
         if info.get("partial"): print(f"{args.report}: a stopped sweep; only the runs it finished are reported\n")
         report(info["runs"], list(info["settings"]), saved)
         return
@@ -574,14 +586,13 @@ def main(argv=None):
     elif args.task == "addition":
         from rlnb.tiny import load_tiny_model
         load_tiny_model("addition", progress=False)
-    skipped = {n: skip_reason(n, args.task) for n in names}
-    teacher = str(teacher_dir(args.task)) if "opd" in names and skipped["opd"] is None else None
+    teacher = str(teacher_dir(args.task, changes=tuple(args.set))) if "opd" in names else None
     tmp = Path(tempfile.mkdtemp(prefix="rlnb_algorithms_"))
     specs = [dict(algorithm=n, seed=s, task=args.task, iterations=args.iterations, warmup=args.warmup,
                   eval_every=args.eval_every, eval_size=args.eval_size, threads=args.threads, teacher=teacher,
                   settings=settings_for(n, args.set, args.task), output_dir=str(tmp / f"{n}_seed{s}"))
              for s in sorted(set(seeds) | set(seeds_of("grpo"))) for n in names
-             if skipped[n] is None and s in seeds_of(n)]
+             if s in seeds_of(n)]
     load_start = os.getloadavg()
     import torch, transformers
     print(f"rlnb {getattr(rlnb, '__version__', '?')}, torch {torch.__version__}, "
@@ -591,10 +602,8 @@ def main(argv=None):
     print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds{grpo_note}, {args.iterations} iterations "
           f"each (cosine, warm-up {args.warmup}), {args.workers} worker(s) x {args.threads} torch thread(s); "
           f"evaluation every {args.eval_every} iterations on {args.eval_size} prompts; runs in {tmp}", flush=True)
-    for n, why in skipped.items():
-        if why: print(f"  {n}: skipped ({why})", flush=True)
     t0 = time.perf_counter()
-    results = [dict(algorithm=n, seed=s, skipped=why) for n, why in skipped.items() if why for s in seeds_of(n)]
+    results = []
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
         for r in pool.map(launch, specs):
             results.append(r)

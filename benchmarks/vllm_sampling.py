@@ -7,6 +7,7 @@ Needs .venv-vllm (`bash scripts/install.sh vllm`).
 
     .venv-vllm/bin/python benchmarks/vllm_sampling.py                        # float32 both, 1 thread, ~3 minutes
     .venv-vllm/bin/python benchmarks/vllm_sampling.py --dtype bfloat16       # the engine in bf16 (trainer float32)
+    .venv-vllm/bin/python benchmarks/vllm_sampling.py --dtype bfloat16 --compile   # and vLLM's torch.compile
 
 Results: benchmarks/README.md, "vLLM as the sampler".
 """
@@ -41,6 +42,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=1, help="torch threads for both samplers")
     p.add_argument("--dtype", default="float32", help="the engine's dtype (transformers stays float32)")
+    p.add_argument("--compile", action="store_true",
+                   help="build the engine with vLLM's torch.compile (enforce_eager=False; slower to build)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--models", default="smollm2,tiny")
     args = p.parse_args(argv)
@@ -59,14 +62,15 @@ def main(argv=None):
                        for a, b in zip(range(10, 74), range(74, 10, -1))]
             config = GenerationConfig(max_new_tokens=16, num_return_sequences=8)
         start = time.perf_counter()
-        engine = create_vllm_generator(model, dtype=args.dtype)
+        engine = create_vllm_generator(model, dtype=args.dtype, enforce_eager=not args.compile)
         build = time.perf_counter() - start
         hf, hf_tokens = tokens_per_second(model, tok, prompts, config, None, args.repeats)
         fast, fast_tokens = tokens_per_second(model, tok, prompts, config, engine, args.repeats)
         sync = min(t["sync_s"] for t in engine.timings)
+        kind = args.dtype + (" compiled" if args.compile else "")
         print(f"{name:8} {len(prompts)} prompts x {config.num_return_sequences}, <= {config.max_new_tokens} tokens, "
               f"{args.threads} thread(s): transformers float32 {hf:6.0f} tok/s ({hf_tokens} tokens) | vLLM "
-              f"{args.dtype} {fast:6.0f} tok/s ({fast_tokens} tokens, sync {sync:.2f} s, build {build:.1f} s) | "
+              f"{kind} {fast:6.0f} tok/s ({fast_tokens} tokens, sync {sync:.2f} s, build {build:.1f} s) | "
               f"x{fast / hf:.2f}", flush=True)
         del engine
 

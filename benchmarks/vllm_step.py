@@ -1,7 +1,9 @@
 """A whole GRPO step on SmolLM2-135M-Instruct with vLLM sampling: rlnb with transformers' generate, rlnb with the vLLM
 engine (float32 and bf16), TRL's GRPOTrainer with transformers' generate, and TRL with `use_vllm=True` (colocate).
 Two more rlnb sides add mixed precision to the update (`TrainingConfig(mixed_precision="bf16")`: bf16 autocast over
-the float32 weights): `rlnb_hf_amp` (transformers sampling) and `rlnb_vllm_bf16_amp` (the bf16 engine).
+the float32 weights): `rlnb_hf_amp` (transformers sampling) and `rlnb_vllm_bf16_amp` (the bf16 engine);
+`rlnb_vllm_bf16_amp_compiled` builds that engine with vLLM's torch.compile (`enforce_eager=False`; rlnb's default
+engine is eager, quicker to build).
 
 Every side trains a fresh float32 copy of the model with LoRA (r 8, every linear projection) on the chat version of
 the addition task (the settings and helpers of benchmarks/grpo_vs_trl.py: same prompts per step, same reward, same
@@ -20,6 +22,7 @@ the venv's torch and transformers pinned).
     .venv-vllm/bin/python benchmarks/vllm_step.py                       # all five sides, 6 steps each (~10 minutes)
     .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_vllm_bf16 --steps 4    # a quick look
     .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_hf_amp,rlnb_vllm_bf16_amp --steps 4  # amp
+    .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_vllm_bf16_amp,rlnb_vllm_bf16_amp_compiled
 
 Results: benchmarks/README.md, "vLLM as the sampler".
 """
@@ -36,7 +39,8 @@ from _common import setup_torch  # noqa: E402
 import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts, reward, TRL's config
 
 DEFAULT_SIDES = ("rlnb_hf", "rlnb_vllm", "rlnb_vllm_bf16", "trl_hf", "trl_vllm")
-SIDES = DEFAULT_SIDES + ("rlnb_hf_amp", "rlnb_vllm_bf16_amp")  # mixed precision: asked for by name with --sides
+# asked for by name with --sides: mixed precision, and the bf16 engine compiled (vLLM's torch.compile, not eager)
+SIDES = DEFAULT_SIDES + ("rlnb_hf_amp", "rlnb_vllm_bf16_amp", "rlnb_vllm_bf16_amp_compiled")
 
 
 def patch_trl_sync():
@@ -55,9 +59,10 @@ def patch_trl_sync():
     vg.VLLMGeneration.sync_weights = sync_weights
 
 
-def run_rlnb(args, task, prompts, dtype: str | None, mixed_precision: str = "no") -> dict:
-    """rlnb's GRPO steps (`training_iteration`), sampling with transformers (dtype None) or the vLLM engine in `dtype`;
-    the update's forwards in `mixed_precision` ("bf16": autocast over the float32 weights)."""
+def run_rlnb(args, task, prompts, dtype: str | None, mixed_precision: str = "no", compiled: bool = False) -> dict:
+    """rlnb's GRPO steps (`training_iteration`), sampling with transformers (dtype None) or the vLLM engine in `dtype`
+    (`compiled`: with vLLM's torch.compile, `enforce_eager=False`; its compilation falls in the first step); the
+    update's forwards in `mixed_precision` ("bf16": autocast over the float32 weights)."""
     from rlnb.engines import create_vllm_generator
     from rlnb.rollouts import create_rollout_fn
     ctx = pair.setup_rlnb(args, task, seed=0)
@@ -65,7 +70,7 @@ def run_rlnb(args, task, prompts, dtype: str | None, mixed_precision: str = "no"
         ctx["tcfg"] = ctx["tcfg"]._replace(mixed_precision=mixed_precision)
         ctx["state"] = ctx["state"]._replace(metadata={**(ctx["state"].metadata or {}), "config": ctx["tcfg"]})
     if dtype is not None:
-        engine = create_vllm_generator(dtype=dtype)
+        engine = create_vllm_generator(dtype=dtype, enforce_eager=not compiled)
         ctx["rollout_fn"] = create_rollout_fn(task.reward_fn, generator=engine, system_prompt=task.system_prompt)
     for step in prompts: pair.rlnb_step(ctx, step)
     return dict(step_s=ctx["step_s"], rollout_s=ctx["rollout_s"], rewards=ctx["rewards"])
@@ -115,14 +120,14 @@ def main(argv=None):
         start = time.perf_counter()
         out = rows[side] = run_side(side, rest)
         steady, sampling = out["step_s"][1:], out["rollout_s"][1:]
-        print(f"{side:15} first step {out['step_s'][0]:6.1f} s | steady median {statistics.median(steady):6.2f} s/step "
+        print(f"{side:27} first step {out['step_s'][0]:6.1f} s | steady median {statistics.median(steady):6.2f} s/step "
               f"(sampling + scoring {statistics.median(sampling):5.2f} s) | reward {out['rewards'][0]:.2f} -> "
               f"{out['rewards'][-1]:.2f} | side took {time.perf_counter() - start:.0f} s", flush=True)
     base = rows.get("rlnb_hf")
     if base:
         ref = statistics.median(base["step_s"][1:])
         for side, out in rows.items():
-            print(f"{side:15} step / rlnb_hf = {statistics.median(out['step_s'][1:]) / ref:.2f}")
+            print(f"{side:27} step / rlnb_hf = {statistics.median(out['step_s'][1:]) / ref:.2f}")
 
 
 def measure_side(args, side: str) -> dict:
@@ -139,7 +144,8 @@ def measure_side(args, side: str) -> dict:
                    trl_hf=lambda: run_trl(bench, task, prompts, use_vllm=False),
                    trl_vllm=lambda: run_trl(bench, task, prompts, use_vllm=True),
                    rlnb_hf_amp=lambda: run_rlnb(bench, task, prompts, None, "bf16"),
-                   rlnb_vllm_bf16_amp=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16"))
+                   rlnb_vllm_bf16_amp=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16"),
+                   rlnb_vllm_bf16_amp_compiled=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16", True))
     return runners[side]()
 
 
