@@ -53,3 +53,25 @@ def test_every_registered_algorithm_has_settings_and_a_family():
     from rlnb.algorithms import ALGORITHMS
     listed = {n for _, family in zoo.FAMILIES for n in family}
     assert set(ALGORITHMS) <= set(zoo.SETTINGS) and set(ALGORITHMS) <= listed
+
+
+def _run(algorithm: str, seed: int, end: float) -> dict:
+    "A finished run as launch returns it: 3 iterations, evaluations 0.1 -> `end`."
+    iters = [dict(iteration=i, step_s=0.5, sampled_reward=0.2, sampled_n=8) for i in (1, 2, 3)]
+    return dict(algorithm=algorithm, seed=seed, iterations=3, iters=iters, process_s=2.0,
+                settings=zoo.settings_for(algorithm, []),
+                evals=[dict(iteration=0, value=0.1), dict(iteration=3, value=end)])
+
+
+def test_save_and_report_a_stopped_sweep(tmp_path, capsys):
+    "--json is written after every run; --report prints the table of the runs it holds (here 3 of 4)."
+    path = tmp_path / "zoo.json"
+    args = zoo.parse_args(["--algorithms", "grpo,cispo", "--seeds", "0,1", "--json", str(path), "--plot", ""])
+    runs = [_run("grpo", 0, 0.5), _run("cispo", 0, 0.7), _run("grpo", 1, 0.6)]
+    zoo.save(str(path), args, ["grpo", "cispo"], runs, cpus=2, load_average={}, elapsed=6.0, partial=True)
+    assert not (tmp_path / "zoo.json.tmp").exists()
+    zoo.main(["--report", str(path)])
+    out = capsys.readouterr().out
+    assert "a stopped sweep" in out
+    assert "| grpo (0.002) | 0.100 ± 0.000 | 0.550 ± 0.071 |" in out  # both GRPO seeds: 0.5 and 0.6
+    assert "| cispo (0.002) | 0.100 | 0.700 |" in out  # its one finished seed
