@@ -23,10 +23,9 @@ Learning rates: `SETTINGS` holds the addition task's (measured there). On the ot
 task's GRPO learning rate (tool_use 2e-4, smollm2 2e-4) times its SETTINGS rate over GRPO's (so DPO runs at half).
 `opd` learns from a teacher, the task's own start trained further with GRPO and cached (built here once if missing,
 see `teacher_dir`): on addition the tiny model after 300 iterations (as chapter 39 caches it), on the tool task the
-SFT'd model after 200, on SmolLM2 SmolLM2 after 30 (LoRA merged). Sweeps saved before every task had a teacher hold
-"skipped" opd rows; `--report` prints them as such. On the
-tool task ReMax's baseline is each prompt's greedy EPISODE (calls included), and DAPO runs without its overlong
-penalty (train applies it only with its own rollout_fn).
+SFT'd model after 200, on SmolLM2 the model after 30 (LoRA merged). Sweeps saved before every task had a teacher
+hold "skipped" opd rows; `--report` prints them as such. On the tool task ReMax's baseline is each prompt's greedy
+EPISODE (calls included), and DAPO runs without its overlong penalty (train applies it only with its own rollout_fn).
 
 Recorded per run: every iteration's sampled reward (the task's reward over EVERY completion sampled in the
 iteration, including groups that dynamic sampling dropped, so DAPO's number means the same as the others') and its
@@ -48,12 +47,14 @@ reference, mean ± std over seeds.
         --set all.mixed_precision=bf16 --workers 2   # SmolLM2, sampled by the bf16 engine, bf16 autocast update
     python benchmarks/algorithms.py --algorithms grpo,cispo,remax --iterations 20 --seeds 0 --eval-every 10  # a look
     python benchmarks/algorithms.py --algorithms grpo --set grpo.learning_rate=5e-3   # change one setting
+    python benchmarks/algorithms.py --task tool_use --workers 2 --json zoo.json   # saved as each run ends, then
+    python benchmarks/algorithms.py --report zoo.json     # the table and zoo.png again (also of a stopped sweep)
 
 Results: benchmarks/README.md, "The algorithm zoo".
 """
 from __future__ import annotations
 import argparse, importlib.util, json, math, os, platform, subprocess, sys, tempfile, time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -124,9 +125,12 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
-TEACHER_ITERATIONS = 300  # opd's teacher: the tiny model after this many GRPO iterations (as chapter 39 caches it)
-# opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir)
-TEACHER_ITERATIONS_OF = dict(addition=TEACHER_ITERATIONS, tool_use=200, smollm2=30)
+# opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
+# chapter 39 caches)
+TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)
+# the --set all. settings the SmolLM2 teacher takes from its sweep: the sampler and the precision (its folder is named
+# after them), which change its speed and, by rounding, its weights, not its recipe
+TEACHER_SPEED_SETTINGS = ("generator", "mixed_precision")
 
 
 def parse_args(argv=None):
@@ -155,10 +159,12 @@ def parse_args(argv=None):
                         "it for every algorithm, e.g. all.generator=vllm_bf16 (VALUE: JSON, else text; repeatable)")
     p.add_argument("--plot", default=None, help="PNG of the curves ('' = none; default benchmarks/algorithms.png, "
                                                 "algorithms_tool_use.png, algorithms_smollm2.png)")
-    p.add_argument("--json", default="", help="write every run (curves included) to this JSON file ('' = none)")
+    p.add_argument("--json", default="", help="write every run (curves included) to this JSON file ('' = none); "
+                                               "rewritten as each run ends, marked partial until the sweep ends")
     p.add_argument("--report", default="", metavar="JSON",
-                   help="run nothing: print the table and draw the plot of a sweep saved with --json (written after "
-                        "every run, so a stopped sweep reports the runs it finished)")
+                   help="run nothing: print the table of a sweep saved with --json (a stopped one: the runs it "
+                        "finished) and draw its plot at --plot (default: the JSON's name, .png); the other options "
+                        "are the saved ones")
     p.add_argument("--keep", action="store_true",
                    help="keep the runs' output folders (metrics.jsonl, checkpoint) and print where")
     # internal: run one (algorithm, seed) and print JSON
@@ -198,15 +204,21 @@ def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
 def teacher_dir(task: str, iterations: int | None = None, changes: tuple[str, ...] = ()) -> Path:
     """opd's teacher on `task`, built once and cached: the task's own start trained further with GRPO.
 
-    addition: the tiny model after TEACHER_ITERATIONS GRPO iterations, LoRA merged, as chapter 39 caches it.
-    tool_use: the SFT'd tool-use model after TEACHER_ITERATIONS_OF["tool_use"] GRPO iterations of the task's own
-    settings (`rlnb.tool_use_config`: full fine-tuning, 2e-4), on prompts of seed 100 (the runs train on 0, 1, 2).
-    smollm2: SmolLM2 after TEACHER_ITERATIONS_OF["smollm2"] iterations of the zoo's GRPO run there (cosine, seed 100),
-    LoRA merged; the sweep's `--set all.` changes (`changes`) apply to it the first time it is built (they choose
-    the sampler and precision, so they change its speed, not what it is)."""
+    addition: the tiny model after TEACHER_ITERATIONS["addition"] GRPO iterations, LoRA merged, as chapter 39 caches
+    it. tool_use: the SFT'd tool-use model after TEACHER_ITERATIONS["tool_use"] GRPO iterations of the task's own
+    settings (`rlnb.tool_use_config`: full fine-tuning, 2e-4, seed 0), on prompts of seed 100 (the runs train on 0,
+    1, 2). smollm2: SmolLM2 after TEACHER_ITERATIONS["smollm2"] iterations of the column's GRPO run (cosine, seed
+    100), LoRA merged, with the sweep's `--set all.` values of TEACHER_SPEED_SETTINGS (`changes`), which name its
+    folder."""
     from rlnb.cache import build_atomically, default_cache_dir
-    n = iterations or TEACHER_ITERATIONS_OF[task]
-    folder = default_cache_dir() / f"opd-teacher-{task}-grpo{n}-seed0"
+    n = TEACHER_ITERATIONS[task] if iterations is None else iterations
+    speed = {}
+    if task == "smollm2":
+        changed = settings_for("grpo", [c for c in changes if c.startswith("all.")], "smollm2")
+        speed = {k: changed[k] for k in TEACHER_SPEED_SETTINGS if k in changed}
+    seed = 100 if task == "smollm2" else 0
+    folder = default_cache_dir() / "-".join([f"opd-teacher-{task}-grpo{n}-seed{seed}",
+                                             *(f"{k}_{v}" for k, v in sorted(speed.items()))])
 
     def build_addition(path):
         from rlnb.core import TrainingConfig
@@ -219,24 +231,26 @@ def teacher_dir(task: str, iterations: int | None = None, changes: tuple[str, ..
     def build_tool_use(path):
         import rlnb
         model, tokenizer = rlnb.load_tool_use_model()
-        task = rlnb.products_task()
+        products = rlnb.products_task()
         state, _ = rlnb.quick_start_training(rlnb.tool_use_config(num_iterations=n, seed=0), model=model,
-                                             tokenizer=tokenizer, prompts=task.sample(20_000, seed=100),
-                                             rollout_fn=rlnb.create_tool_use_rollout_fn(task), progress=False)
+                                             tokenizer=tokenizer, prompts=products.sample(20_000, seed=100),
+                                             rollout_fn=rlnb.create_tool_use_rollout_fn(products), progress=False)
         state.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
+
     def build_smollm2(path):
         from rlnb.core import create_training_config
         from rlnb.models import load_tokenizer
         from rlnb.training import train
-        settings = settings_for("grpo", [c for c in changes if c.startswith("all.")], "smollm2")
-        config = create_training_config(**{**TASKS["smollm2"]["config"], **settings}, num_iterations=n,
-                                        lr_schedule="cosine", warmup_steps=max(1, round(0.05 * n)), eval_every=0,
-                                        seed=100)
+        config = create_training_config(**{
+            **TASKS["smollm2"]["config"], **settings_for("grpo", [], "smollm2"), **speed, "num_iterations": n,
+            "lr_schedule": "cosine", "warmup_steps": max(1, round(0.05 * n)), "eval_every": 0, "seed": seed})
         state = train(config, progress=False)
         state.model.merge_and_unload().save_pretrained(path)
         load_tokenizer(config.model).save_pretrained(path)
     build = dict(addition=build_addition, tool_use=build_tool_use, smollm2=build_smollm2)[task]
+    if not folder.exists():
+        print(f"building opd's teacher for {task} (once, then cached): {n} GRPO iterations -> {folder}", flush=True)
     return build_atomically(folder, build, lambda p: (p / "model.safetensors").exists())
 
 
@@ -533,6 +547,9 @@ def seed_lists(args) -> tuple[list[int], list[int]]:
 def report(results: list[dict], names: list[str], args) -> None:
     "Print the table, its caption and the per-seed lines, and draw the plot, from the runs' results."
     by_algo = {n: [r for r in results if r["algorithm"] == n] for n in names}
+    waiting = [n for n, runs in by_algo.items() if not runs]
+    if waiting: print(f"no finished run yet: {', '.join(waiting)}\n")
+    by_algo = {n: runs for n, runs in by_algo.items() if runs}
     seeds, grpo_seeds = seed_lists(args)
     print(table(by_algo, args.task))
     print("\n" + caption(args.task, len(seeds), len(grpo_seeds)))
@@ -544,25 +561,29 @@ def save(path: str, args, names: list[str], results: list[dict], cpus: int, load
          partial: bool = False) -> None:
     "Write every run (curves included), the settings and the machine to a JSON file; `--report` reads it back."
     import torch, transformers
+    from rlnb.cache import write_atomically
     done = lambda runs: [summarize(r) for r in runs if "error" not in r and "skipped" not in r]
     info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                               python=platform.python_version()),
                 load_average=load_average, elapsed_s=elapsed, partial=partial,
                 summary={n: done([r for r in results if r["algorithm"] == n]) for n in names}, runs=results)
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(info, indent=1, default=str))
-    tmp.replace(path)  # never a half-written file
+    write_atomically(path, json.dumps(info, indent=1, default=str))  # never a half-written file
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.report:  # the table and plot again from a saved sweep (a finished or a stopped one)
         info = json.loads(Path(args.report).read_text())
-        saved = dict(info["args"], plot=info["args"]["plot"] if args.plot is None else args.plot)
+        if "task" not in info.get("args", {}):
+            sys.exit(f"--report: {args.report} was not saved by this script's --json (no args.task in it)")
+        plot = str(Path(args.report).with_suffix(".png")) if args.plot is None else args.plot
+        saved = dict(info["args"], plot=plot)  # never the sweep's own plot: that one may be a recorded figure
         saved.setdefault("grpo_seeds", saved["seeds"])  # saved before --grpo-seeds existed
         saved = argparse.Namespace(**saved)
-        if info.get("partial"): print(f"{args.report}: a stopped sweep; only the runs it finished are reported\n")
+        if info.get("partial"):
+            print(f"{args.report}: a stopped or still running sweep; the table holds the runs it finished, each row's "
+                  "± over its finished seeds\n")
         report(info["runs"], list(info["settings"]), saved)
         return
     if args.child:
@@ -604,8 +625,11 @@ def main(argv=None):
           f"evaluation every {args.eval_every} iterations on {args.eval_size} prompts; runs in {tmp}", flush=True)
     t0 = time.perf_counter()
     results = []
+    if args.json:  # a bad path fails now, not after the first run
+        save(args.json, args, names, results, cpus, dict(start=load_start), 0.0, partial=True)
     with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        for r in pool.map(launch, specs):
+        for done in as_completed([pool.submit(launch, spec) for spec in specs]):
+            r = done.result()
             results.append(r)
             if args.json:  # after every run, so that a stopped sweep keeps what it finished (see --report)
                 save(args.json, args, names, results, cpus, dict(start=load_start), time.perf_counter() - t0,

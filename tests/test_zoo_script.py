@@ -1,4 +1,4 @@
-"The pure helpers of benchmarks/algorithms.py (the algorithm zoo): noise rule, smoothing, panels, settings."
+"The helpers of benchmarks/algorithms.py (the algorithm zoo): noise rule, smoothing, panels, settings, --json/--report."
 import importlib.util, math
 from pathlib import Path
 
@@ -69,9 +69,20 @@ def test_save_and_report_a_stopped_sweep(tmp_path, capsys):
     args = zoo.parse_args(["--algorithms", "grpo,cispo", "--seeds", "0,1", "--json", str(path), "--plot", ""])
     runs = [_run("grpo", 0, 0.5), _run("cispo", 0, 0.7), _run("grpo", 1, 0.6)]
     zoo.save(str(path), args, ["grpo", "cispo"], runs, cpus=2, load_average={}, elapsed=6.0, partial=True)
-    assert not (tmp_path / "zoo.json.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["zoo.json"]  # no temporary file left
     zoo.main(["--report", str(path)])
     out = capsys.readouterr().out
-    assert "a stopped sweep" in out
+    assert "a stopped or still running sweep" in out
     assert "| grpo (0.002) | 0.100 ± 0.000 | 0.550 ± 0.071 |" in out  # both GRPO seeds: 0.5 and 0.6
     assert "| cispo (0.002) | 0.100 | 0.700 |" in out  # its one finished seed
+    assert (tmp_path / "zoo.png").exists()  # drawn beside the JSON, not over the sweep's own plot
+
+
+def test_report_while_some_algorithm_has_no_run(tmp_path, capsys):
+    path = tmp_path / "zoo.json"
+    args = zoo.parse_args(["--algorithms", "grpo,cispo", "--json", str(path)])
+    zoo.save(str(path), args, ["grpo", "cispo"], [_run("grpo", 0, 0.5)], cpus=2, load_average={}, elapsed=1.0,
+             partial=True)
+    zoo.main(["--report", str(path), "--plot", ""])
+    out = capsys.readouterr().out
+    assert "no finished run yet: cispo" in out and "| grpo (0.002) |" in out and "| cispo" not in out
