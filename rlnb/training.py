@@ -254,6 +254,10 @@ def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable |
             raise ValueError(f"{fn}: rewards have {cb.rewards.shape[1]} components per rollout (a vector reward_fn); "
                              "pass reward_transform=create_reward_transform(weights=...) to turn them into one number")
         return cb
+    if cb.baseline_rewards is not None:  # ReMax's greedy-sample baseline: scored by reward_fn, not transformed
+        raise ValueError(f"{fn}: `reward_transform` would change the rewards but not the baseline they are compared "
+                         "with (metadata['baseline_reward'], ReMax's greedy completion), so the advantages would mix "
+                         "two scales; fold the transform into reward_fn, which scores the baseline too")
     r = reward_transform(cb.rewards, cb.group_ids, rollouts)
     return cb._replace(rewards=_checked_rewards(r, cb.rewards.shape[0], cb.rewards.device, fn))
 

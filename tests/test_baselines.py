@@ -245,3 +245,12 @@ def test_each_baseline_learns_a_learnable_reward(key):
     first, last = first_and_last(rows)
     print(f"{key}: reward 'starts with 1' {first:.2f} -> {last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (key, first, last)
+
+
+def test_remax_refuses_a_reward_transform():
+    "The transform would reach the rewards but not the greedy baseline, and the advantages would mix two scales."
+    scale = lambda rewards, group_ids, rollouts: 10 * rewards
+    with pytest.raises(ValueError, match="`reward_transform` would change the rewards but not the baseline"):
+        train(create_training_config(**SMALL, algorithm="remax"), reward_transform=scale, progress=False)
+    state = train(create_training_config(**SMALL, algorithm="grpo"), reward_transform=scale, progress=False)
+    assert state.global_step == 2  # the same transform is fine where there is no baseline reward
