@@ -387,6 +387,11 @@ def beyond_noise(a: list[float], b: list[float], z: float = 2.0) -> tuple[float,
     return diff, bound, "yes" if abs(diff) > bound else "no"
 
 
+def finished(runs: list[dict]) -> list[dict]:
+    "The runs that ran to the end: not failed, not skipped (sweeps saved before every task had opd's teacher)."
+    return [r for r in runs if "error" not in r and "skipped" not in r]
+
+
 def summarize(run: dict, k: int = 10) -> dict:
     "One run's numbers: sampled reward over the first/last k iterations, the evaluation at start, end and best, speed."
     r = [i["sampled_reward"] for i in run["iters"]]
@@ -425,7 +430,7 @@ def table(by_algo: dict[str, list[dict]], task: str) -> str:
     head = ["algorithm (lr)"] + [c[0] for c in cols] + ["s / it vs GRPO", f"{short} end - GRPO (2 SE)",
                                                           "beyond seed noise"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    sums = {n: [summarize(r) for r in runs if "error" not in r and "skipped" not in r] for n, runs in by_algo.items()}
+    sums = {n: [summarize(r) for r in finished(runs)] for n, runs in by_algo.items()}
     grpo = sums.get("grpo") or []
     grpo_speed = mean([s["s_per_it"] for s in grpo])
     for name, runs in by_algo.items():
@@ -495,7 +500,7 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    ok = {n: [r for r in runs if "error" not in r and "skipped" not in r and r["iters"]] for n, runs in by_algo.items()}
+    ok = {n: [r for r in finished(runs) if r["iters"]] for n, runs in by_algo.items()}
     names = [n for n in by_algo if ok[n]]
     if not names:
         print("no run finished: nothing to plot")
@@ -562,12 +567,12 @@ def save(path: str, args, names: list[str], results: list[dict], cpus: int, load
     "Write every run (curves included), the settings and the machine to a JSON file; `--report` reads it back."
     import torch, transformers
     from rlnb.cache import write_atomically
-    done = lambda runs: [summarize(r) for r in runs if "error" not in r and "skipped" not in r]
     info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                               python=platform.python_version()),
                 load_average=load_average, elapsed_s=elapsed, partial=partial,
-                summary={n: done([r for r in results if r["algorithm"] == n]) for n in names}, runs=results)
+                summary={n: [summarize(r) for r in finished(results) if r["algorithm"] == n] for n in names},
+                runs=results)
     write_atomically(path, json.dumps(info, indent=1, default=str))  # never a half-written file
 
 
