@@ -6,8 +6,8 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/60_experiments.ipynb #b4224387
 from __future__ import annotations
-import ast, contextlib, hashlib, itertools, json, math, multiprocessing, numbers, os, re, reprlib, shutil, socket
-import threading, time, warnings
+import ast, contextlib, hashlib, itertools, json, math, multiprocessing, numbers, os, re, reprlib, shutil, socket, sys
+import tempfile, threading, time, uuid, warnings
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -299,7 +299,8 @@ def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
                      float("nan") if seconds is None else seconds, status.get("error"), skipped)
 
 
-_KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Address already in use")  # nothing ran yet
+_KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Address already in use",
+                        "Kernel didn't respond in")  # the kernel never answered: nothing ran yet
 
 
 def _error_text(
@@ -308,6 +309,22 @@ def _error_text(
     "One line: the notebook's exception as papermill reports it (name: message), else the Python exception."
     if getattr(error, "ename", None): return f"{error.ename}: {error.evalue}"
     return f"{type(error).__name__}: {error}"
+
+# %% ../nbs/60_experiments.ipynb #71af9bde
+def _unix_socket_kernel_manager() -> type:
+    "A Jupyter kernel manager whose ipykernel kernels listen on Unix sockets (Linux, macOS) instead of TCP ports."
+    from jupyter_client.manager import AsyncKernelManager  # imported here: papermill's own dependency, ~0.2 s
+
+    class UnixSocketKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            name = f"rlnb-kernel-{uuid.uuid4().hex}"  # the sockets are this + "-1" ... "-5"
+            # Linux: '@' names an abstract socket, which is no file and goes when its kernel does, even a killed one
+            prefix = "@" + name if sys.platform == "linux" else os.path.join(tempfile.gettempdir(), name)
+            fits = len(prefix) < 100  # a Unix socket's path holds 107 bytes at most
+            if os.name == "posix" and fits and any("ipykernel" in arg for arg in self.kernel_spec.argv):
+                self.transport, self.ip = "ipc", prefix
+    return UnixSocketKernelManager
 
 # %% ../nbs/60_experiments.ipynb #6f8816fe
 def run_experiment(
@@ -356,6 +373,7 @@ def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None,
                 pm.execute_notebook(str(notebook), str(out / "run.ipynb"),
                                     parameters={**params, "output_dir": str(out)},
                                     kernel_name=kernel_name, progress_bar=False, log_output=log_output,
+                                    kernel_manager_class=_unix_socket_kernel_manager(),
                                     cwd=str(cwd or os.getcwd()),
                                     # not the kernel's own chatter
                                     extra_arguments=["--IPKernelApp.log_level=CRITICAL"])

@@ -76,19 +76,37 @@ def test_bad_parameters_fail_before_any_kernel_starts(tmp_path, monkeypatch):
 
 
 def test_a_kernel_that_dies_before_starting_is_started_again_and_a_notebook_error_is_not(tmp_path, monkeypatch):
-    """Two kernels racing for a port kill one before it runs anything: that run is retried; a failing notebook is
-    recorded at once."""
+    """A kernel that dies or never answers before its first cell ran nothing: that run is retried; a failing notebook
+    is recorded at once."""
     import papermill
     toy, calls = write_toy(tmp_path / "toy.ipynb", bug=False), []
     def flaky(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1: raise RuntimeError("Kernel died before replying to kernel_info")
+        if len(calls) == 2: raise RuntimeError("Kernel didn't respond in 60 seconds")
         if kwargs["parameters"]["learning_rate"] > 1: raise FloatingPointError("loss is nan")
     monkeypatch.setattr(papermill, "execute_notebook", flaky)
     ok = run_experiment(toy, {"learning_rate": 1e-3}, tmp_path / "ok", check_params=None)
-    assert (ok.status, ok.error, len(calls)) == ("completed", None, 2)
+    assert (ok.status, ok.error, len(calls)) == ("completed", None, 3)
     bad = run_experiment(toy, {"learning_rate": 2.0}, tmp_path / "bad", check_params=None)
-    assert (bad.status, bad.error, len(calls)) == ("failed", "FloatingPointError: loss is nan", 3)
+    assert (bad.status, bad.error, len(calls)) == ("failed", "FloatingPointError: loss is nan", 4)
+
+
+def test_a_runs_kernel_listens_on_socket_files_not_tcp_ports(tmp_path):
+    "Over TCP two kernels starting at once can race for a port; a run's ipykernel kernel uses Unix socket files."
+    body = ("import json\nfrom pathlib import Path\nfrom ipykernel.kernelapp import IPKernelApp\n"
+            "app = IPKernelApp.instance()\n"
+            "(Path(output_dir) / 'summary.json').write_text(json.dumps(dict(transport=app.transport, ip=app.ip)))")
+    cells = [nbformat.v4.new_code_cell("output_dir = 'x'", metadata={"tags": ["parameters"]}),
+             nbformat.v4.new_code_cell(body)]
+    notebook = tmp_path / "transport.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "language": "python", "display_name": "python3"}}), notebook)
+    runs = [run_experiment(notebook, {}, tmp_path / name, check_params=None) for name in ("a", "b")]
+    assert [r.status for r in runs] == ["completed", "completed"], [r.error for r in runs]
+    assert [r.summary["transport"] for r in runs] == ["ipc", "ipc"]
+    assert runs[0].summary["ip"] != runs[1].summary["ip"]
+    if sys.platform == "linux": assert runs[0].summary["ip"].startswith("@")  # abstract sockets: no files left
 
 
 def test_grid_expansion_and_run_names():
