@@ -302,6 +302,17 @@ def _foldable_lora_layers(model) -> list | None:
     return layers or None
 
 
+def _folded_weight(layer) -> Tensor:  # (out, in), or (in, out) for fan_in_fan_out layers, like the base weight
+    "A LoRA Linear layer's `W + s B A` over its active adapters, out of place: one fused pass over W per adapter."
+    folded = weight = layer.base_layer.weight.detach()
+    for a in layer.active_adapters:
+        if a not in layer.lora_A: continue
+        A, B = layer.lora_A[a].weight.to(weight.dtype), layer.lora_B[a].weight.to(weight.dtype)  # (r, in), (out, r)
+        left, right = (A.T, B.T) if layer.fan_in_fan_out else (B, A)
+        folded = torch.addmm(folded, left, right, alpha=layer.scaling[a])  # never in place: W stays as it is
+    return folded
+
+
 @contextlib.contextmanager
 def merged_lora(
     model,  # any model; only a peft LoRA model is changed
@@ -316,12 +327,8 @@ def merged_lora(
     try:
         with torch.no_grad():
             for m in layers:
-                weight = m.base_layer.weight
-                merged = weight.detach().clone()  # (out, in)
-                for a in m.active_adapters:
-                    if a in m.lora_A: merged += m.get_delta_weight(a).to(merged.dtype)
-                kept.append((weight, weight.data))
-                weight.data = merged
+                kept.append((m.base_layer.weight, m.base_layer.weight.data))
+                m.base_layer.weight.data = _folded_weight(m)
         with model.disable_adapter(): yield True
     finally:
         for weight, original in kept: weight.data = original
