@@ -184,11 +184,29 @@ def engine_generations(
     return out
 
 # %% ../nbs/47_engines.ipynb #8fb8e07b
+def _check_sleep_mode(fn: str) -> None:
+    "Refuse `sleep=True` where this vLLM build has no sleep mode (its CPU build, for one)."
+    import_vllm()  # rlnb's settings first
+    from vllm.platforms import current_platform
+    if not current_platform.is_sleep_mode_available():
+        raise ValueError(f"{fn}: `sleep=True` needs vLLM's sleep mode, which its {current_platform.device_type} build "
+                         "does not have; leave sleep=False (on a CPU the engine and the trainer share the machine's "
+                         "memory, and sleeping would free nothing)")
+
+
 class VLLMGenerator:
     "rlnb's `generator` hook backed by a vLLM engine: each call syncs the policy's current weights, then samples."
-    def __init__(self, model=None, **engine_options):  # `model`: build the engine now; options: build_vllm_engine's
-        self.engine_options, self.llm, self.timings = engine_options, None, []
-        if model is not None: self.llm = build_vllm_engine(model, **engine_options)
+    def __init__(self, model=None, sleep: bool = False, **engine_options):  # options: build_vllm_engine's
+        if not isinstance(sleep, bool): raise TypeError(f"VLLMGenerator: `sleep` must be a bool, got {sleep!r}")
+        if sleep: _check_sleep_mode("VLLMGenerator")
+        self.engine_options = {**engine_options, **({"enable_sleep_mode": True} if sleep else {})}
+        self.sleep, self.llm, self.timings = sleep, None, []
+        if model is not None: self.llm = self._build(model)
+
+    def _build(self, model):
+        llm = build_vllm_engine(model, **self.engine_options)
+        if self.sleep: llm.sleep(level=1)  # asleep between calls, from the start
+        return llm
 
     def __call__(self, model, tokenizer, prompts, config: GenerationConfig | None = None) -> list[Generation]:
         "Sync `model`'s weights into the engine, then sample n completions per prompt: prompt-major Generations."
@@ -196,16 +214,21 @@ class VLLMGenerator:
         config = _check_generation_config(GenerationConfig() if config is None else config, fn)
         prompt_ids = encode_prompts(tokenizer, list(prompts), fn)
         start = time.perf_counter()
-        if self.llm is None: self.llm = build_vllm_engine(model, **self.engine_options)
+        if self.llm is None: self.llm = self._build(model)
         timing = {"build_s": time.perf_counter() - start}
+        if self.sleep: self.llm.wake_up(tags=["weights"])  # the weights back in accelerator memory, for the sync
         try:
             timing["sync_s"] = sync_weights(self.llm, model)
         except RuntimeError:  # the engine failed half way: drop it, the next call builds a fresh one from the policy
             self.llm = None
             raise
+        if self.sleep: self.llm.wake_up(tags=["kv_cache"])
         params = sampling_params(config, eos_token_ids(model, tokenizer), len(prompt_ids))  # torch's RNG samples
         start = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        try:
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+        finally:
+            if self.sleep: self.llm.sleep(level=1)  # the update gets the memory back, even after a failed call
         timing["generate_s"] = time.perf_counter() - start
         self.timings.append(timing)
         return engine_generations(outputs, tokenizer, prompt_ids, config, timing)
@@ -214,7 +237,8 @@ class VLLMGenerator:
 def create_vllm_generator(
     model=None,  # the policy, to build the engine now; None = on the first call, from the model it is given
     tokenizer=None,  # unused (the hook receives the tokenizer on every call); accepted for symmetry with other hooks
+    sleep: bool = False,  # put the engine to sleep between calls (GPU builds): its memory is the update's meanwhile
     **engine_options,  # build_vllm_engine's options: dtype ("float32"), kv_cache_memory_bytes, seed, any vllm.LLM arg
 ) -> VLLMGenerator:  # generator(model, tokenizer, prompts, config) -> list[Generation], with sync and timings
     "A `generator` hook that samples with vLLM: the policy's weights are synced into the engine before each call."
-    return VLLMGenerator(model, **engine_options)
+    return VLLMGenerator(model, sleep, **engine_options)

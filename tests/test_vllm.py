@@ -137,6 +137,47 @@ def test_a_failed_sync_names_the_parameter_and_the_next_sync_repairs(tiny, gener
     assert [g.token_ids for g in generator(model, tok, PROMPTS, config)] == [g.token_ids for g in reference]
 
 
+class RecordingEngine:
+    "Wraps a live engine and records its calls; sleep and wake are only recorded (no-ops on vLLM's CPU build)."
+    def __init__(self, llm): self.llm, self.calls = llm, []
+    def sleep(self, level): self.calls.append(f"sleep {level}")
+    def wake_up(self, tags=None): self.calls.append(f"wake {tags}")
+
+    def __getattr__(self, name):
+        attr = getattr(self.llm, name)
+        if not callable(attr): return attr
+
+        def recorded(*args, **kwargs):
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+        return recorded
+
+
+@needs_vllm
+def test_sleep_is_refused_on_the_cpu_build_with_the_reason(tiny):
+    with pytest.raises(ValueError, match="`sleep=True` needs vLLM's sleep mode, which its cpu build does not have"):
+        create_vllm_generator(sleep=True)
+    with pytest.raises(TypeError, match="`sleep` must be a bool"):
+        create_vllm_generator(sleep="yes")
+
+
+@needs_vllm
+def test_a_sleeping_engine_wakes_its_weights_for_the_sync_and_its_cache_for_sampling(tiny, generator, monkeypatch):
+    "The order a GPU build needs: asleep from the build, weights woken, synced, cache woken, sampled, asleep again."
+    import rlnb.engines as engines
+    model, tok = tiny
+    recorder = RecordingEngine(generator.llm)  # the module's engine: a second one in this process is not freed safely
+    monkeypatch.setattr(engines, "_check_sleep_mode", lambda fn: None)  # as on a GPU build
+    monkeypatch.setattr(engines, "build_vllm_engine", lambda model, **options: recorder)
+    sleepy = create_vllm_generator(sleep=True)
+    assert sleepy.engine_options["enable_sleep_mode"] is True
+    config = GenerationConfig(max_new_tokens=8, do_sample=False)
+    for _ in range(2): out = sleepy(model, tok, PROMPTS, config)
+    one_call = ["wake ['weights']", "collective_rpc", "reset_prefix_cache", "wake ['kv_cache']", "generate", "sleep 1"]
+    assert recorder.calls == ["sleep 1"] + one_call * 2
+    assert [g.token_ids for g in out] == [g.token_ids for g in batch_generate(model, tok, PROMPTS, config)]
+
+
 @needs_vllm
 def test_import_vllm_returns_the_module():
     assert import_vllm().__name__ == "vllm"
