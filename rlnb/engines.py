@@ -205,8 +205,15 @@ class VLLMGenerator:
 
     def _build(self, model):
         llm = build_vllm_engine(model, **self.engine_options)
-        if self.sleep: llm.sleep(level=1)  # asleep between calls, from the start
+        if self.sleep: llm.sleep(level=2)  # asleep between calls, from the start
         return llm
+
+    def _wake(self, tag: str) -> float:
+        "Give the engine back its `tag` memory ('weights' or 'kv_cache'); returns the seconds taken."
+        start = time.perf_counter()
+        if torch.cuda.is_available(): torch.cuda.empty_cache()  # what the update freed, returned for vLLM to take
+        self.llm.wake_up(tags=[tag])
+        return time.perf_counter() - start
 
     def __call__(self, model, tokenizer, prompts, config: GenerationConfig | None = None) -> list[Generation]:
         "Sync `model`'s weights into the engine, then sample n completions per prompt: prompt-major Generations."
@@ -216,20 +223,20 @@ class VLLMGenerator:
         start = time.perf_counter()
         if self.llm is None: self.llm = self._build(model)
         timing = {"build_s": time.perf_counter() - start}
-        if self.sleep: self.llm.wake_up(tags=["weights"])  # the weights back in accelerator memory, for the sync
+        if self.sleep: timing["wake_s"] = self._wake("weights")  # for the sync; the KV cache after it
         try:
             timing["sync_s"] = sync_weights(self.llm, model)
-        except RuntimeError:  # the engine failed half way: drop it, the next call builds a fresh one from the policy
-            self.llm = None
+        except Exception as e:  # failed half way, or (sleeping) half awake: the next call builds a fresh engine
+            if self.sleep or isinstance(e, RuntimeError): self.llm = None
             raise
-        if self.sleep: self.llm.wake_up(tags=["kv_cache"])
+        if self.sleep: timing["wake_s"] += self._wake("kv_cache")
         params = sampling_params(config, eos_token_ids(model, tokenizer), len(prompt_ids))  # torch's RNG samples
         start = time.perf_counter()
         try:
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+            timing["generate_s"] = time.perf_counter() - start
         finally:
-            if self.sleep: self.llm.sleep(level=1)  # the update gets the memory back, even after a failed call
-        timing["generate_s"] = time.perf_counter() - start
+            if self.sleep: self.llm.sleep(level=2)  # the update gets the memory back, even after a failed call
         self.timings.append(timing)
         return engine_generations(outputs, tokenizer, prompt_ids, config, timing)
 

@@ -6,8 +6,8 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/60_experiments.ipynb #b4224387
 from __future__ import annotations
-import ast, contextlib, hashlib, itertools, json, math, multiprocessing, numbers, os, re, reprlib, shutil, socket, sys
-import tempfile, threading, time, uuid, warnings
+import ast, contextlib, functools, hashlib, itertools, json, math, multiprocessing, numbers, os, re, reprlib, shutil
+import socket, sys, tempfile, threading, time, uuid, warnings
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -303,6 +303,11 @@ _KERNEL_START_ERRORS = ("Kernel died before replying to kernel_info", "Address a
                         "Kernel didn't respond in")  # the kernel never answered: nothing ran yet
 
 
+def _kernel_never_started(error: BaseException) -> bool:
+    "Whether papermill's `error` says the kernel failed before running a cell (a cell's own error has an `ename`)."
+    return not getattr(error, "ename", None) and any(s in str(error) for s in _KERNEL_START_ERRORS)
+
+
 def _error_text(
     error: BaseException,  # what papermill (or the run's own process) raised
 ) -> str:
@@ -311,6 +316,7 @@ def _error_text(
     return f"{type(error).__name__}: {error}"
 
 # %% ../nbs/60_experiments.ipynb #71af9bde
+@functools.cache
 def _unix_socket_kernel_manager() -> type:
     "A Jupyter kernel manager whose ipykernel kernels listen on Unix sockets (Linux, macOS) instead of TCP ports."
     from jupyter_client.manager import AsyncKernelManager  # imported here: papermill's own dependency, ~0.2 s
@@ -321,7 +327,7 @@ def _unix_socket_kernel_manager() -> type:
             name = f"rlnb-kernel-{uuid.uuid4().hex}"  # the sockets are this + "-1" ... "-5"
             # Linux: '@' names an abstract socket, which is no file and goes when its kernel does, even a killed one
             prefix = "@" + name if sys.platform == "linux" else os.path.join(tempfile.gettempdir(), name)
-            fits = len(prefix) < 100  # a Unix socket's path holds 107 bytes at most
+            fits = len(os.fsencode(prefix)) < 100  # a Unix socket's path: 107 bytes at most on Linux, 103 on macOS
             if os.name == "posix" and fits and any("ipykernel" in arg for arg in self.kernel_spec.argv):
                 self.transport, self.ip = "ipc", prefix
     return UnixSocketKernelManager
@@ -365,8 +371,7 @@ def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None,
                   started=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid())
     _write_json_atomic(out / STATUS_FILE, status)
     t0, error = time.perf_counter(), None
-    # a kernel that died before its first reply ran nothing (e.g. two kernels raced for a port): start again
-    for _ in range(3):
+    for _ in range(3):  # a kernel that failed before its first cell ran nothing: start it again
         try:
             import papermill as pm
             with _environ(env or {}):
@@ -377,9 +382,10 @@ def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None,
                                     cwd=str(cwd or os.getcwd()),
                                     # not the kernel's own chatter
                                     extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
-            error = None
-        except Exception as e: error = _error_text(e)  # the notebook failed: recorded, not raised
-        if not (error and any(s in error for s in _KERNEL_START_ERRORS)): break
+            error, retry = None, False
+        except Exception as e:  # the notebook failed: recorded, not raised
+            error, retry = _error_text(e), _kernel_never_started(e)
+        if not retry: break
     status.update(status="failed" if error else "completed", error=error, seconds=round(time.perf_counter() - t0, 2))
     _write_json_atomic(out / STATUS_FILE, status)
     return _result(out, status)

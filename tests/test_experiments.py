@@ -77,23 +77,28 @@ def test_bad_parameters_fail_before_any_kernel_starts(tmp_path, monkeypatch):
 
 def test_a_kernel_that_dies_before_starting_is_started_again_and_a_notebook_error_is_not(tmp_path, monkeypatch):
     """A kernel that dies or never answers before its first cell ran nothing: that run is retried; a failing notebook
-    is recorded at once."""
+    is recorded at once, even when its cell's error reads like a start failure."""
     import papermill
+    from papermill.exceptions import PapermillExecutionError
     toy, calls = write_toy(tmp_path / "toy.ipynb", bug=False), []
     def flaky(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1: raise RuntimeError("Kernel died before replying to kernel_info")
         if len(calls) == 2: raise RuntimeError("Kernel didn't respond in 60 seconds")
+        if kwargs["parameters"]["learning_rate"] > 2: raise PapermillExecutionError(  # a cell's error: not retried
+            1, 1, "serve()", "OSError", "[Errno 98] Address already in use", [])
         if kwargs["parameters"]["learning_rate"] > 1: raise FloatingPointError("loss is nan")
     monkeypatch.setattr(papermill, "execute_notebook", flaky)
     ok = run_experiment(toy, {"learning_rate": 1e-3}, tmp_path / "ok", check_params=None)
     assert (ok.status, ok.error, len(calls)) == ("completed", None, 3)
     bad = run_experiment(toy, {"learning_rate": 2.0}, tmp_path / "bad", check_params=None)
     assert (bad.status, bad.error, len(calls)) == ("failed", "FloatingPointError: loss is nan", 4)
+    cell = run_experiment(toy, {"learning_rate": 3.0}, tmp_path / "cell", check_params=None)
+    assert (cell.status, cell.error, len(calls)) == ("failed", "OSError: [Errno 98] Address already in use", 5)
 
 
-def test_a_runs_kernel_listens_on_socket_files_not_tcp_ports(tmp_path):
-    "Over TCP two kernels starting at once can race for a port; a run's ipykernel kernel uses Unix socket files."
+def test_a_runs_kernel_listens_on_unix_sockets_not_tcp_ports(tmp_path):
+    "Over TCP two kernels starting at once can race for a port; a run's ipykernel kernel uses Unix sockets."
     body = ("import json\nfrom pathlib import Path\nfrom ipykernel.kernelapp import IPKernelApp\n"
             "app = IPKernelApp.instance()\n"
             "(Path(output_dir) / 'summary.json').write_text(json.dumps(dict(transport=app.transport, ip=app.ip)))")

@@ -173,8 +173,8 @@ def test_a_sleeping_engine_wakes_its_weights_for_the_sync_and_its_cache_for_samp
     assert sleepy.engine_options["enable_sleep_mode"] is True
     config = GenerationConfig(max_new_tokens=8, do_sample=False)
     for _ in range(2): out = sleepy(model, tok, PROMPTS, config)
-    one_call = ["wake ['weights']", "collective_rpc", "reset_prefix_cache", "wake ['kv_cache']", "generate", "sleep 1"]
-    assert recorder.calls == ["sleep 1"] + one_call * 2
+    one_call = ["wake ['weights']", "collective_rpc", "reset_prefix_cache", "wake ['kv_cache']", "generate", "sleep 2"]
+    assert recorder.calls == ["sleep 2"] + one_call * 2
     assert [g.token_ids for g in out] == [g.token_ids for g in batch_generate(model, tok, PROMPTS, config)]
 
 
