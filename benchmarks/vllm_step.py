@@ -3,7 +3,7 @@ engine (float32 and bf16), TRL's GRPOTrainer with transformers' generate, and TR
 Two more rlnb sides add mixed precision to the update (`TrainingConfig(mixed_precision="bf16")`: bf16 autocast over
 the float32 weights): `rlnb_hf_amp` (transformers sampling) and `rlnb_vllm_bf16_amp` (the bf16 engine);
 `rlnb_vllm_bf16_amp_compiled` builds that engine with vLLM's torch.compile (`enforce_eager=False`; rlnb's default
-engine is eager, quicker to build).
+engine on a CPU is eager, quicker to build).
 
 Every side trains a fresh float32 copy of the model with LoRA (r 8, every linear projection) on the chat version of
 the addition task (the settings and helpers of benchmarks/grpo_vs_trl.py: same prompts per step, same reward, same

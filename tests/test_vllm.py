@@ -179,6 +179,12 @@ def test_a_sleeping_engine_wakes_its_weights_for_the_sync_and_its_cache_for_samp
 
 
 @needs_vllm
+def test_the_cpu_builds_engine_is_eager_by_default(generator):
+    "On vLLM's CPU build the engine skips torch.compile (starts in seconds); elsewhere vLLM's default would compile."
+    assert generator.llm.llm_engine.vllm_config.model_config.enforce_eager is True
+
+
+@needs_vllm
 def test_import_vllm_returns_the_module():
     assert import_vllm().__name__ == "vllm"
 
