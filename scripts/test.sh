@@ -4,6 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
 . .venv/bin/activate
+# Lines <= 120 characters in notebooks, tests and tools (ruff, seconds): fails before the long part, not after it
+ruff check
 # Notebooks are tested two at a time on small machines: one torch thread each, and threads that sleep instead of
 # spinning while they wait (spinning OpenMP threads on a busy CPU made steps 10-30x slower here).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" RLNB_NUM_THREADS="${RLNB_NUM_THREADS:-1}"
