@@ -309,7 +309,8 @@ def run_one(spec: dict) -> dict:
                           sampled_reward=sum(sampled) / len(sampled) if sampled else None, sampled_n=len(sampled),
                           batch_reward=m.get("reward/mean"), zero_std_frac=m.get("reward/zero_std_frac"),
                           right_call=m.get("tool_use/right_call"), copied_result=m.get("tool_use/copied_result"),
-                          greedy_baseline=m.get("baseline/greedy_reward"), kl=m.get("kl/mean")))
+                          greedy_baseline=m.get("baseline/greedy_reward"), kl=m.get("kl/mean"),
+                          teacher_kl=m.get("teacher/reverse_kl")))
         sampled.clear()
 
     t_call = time.perf_counter()
