@@ -95,10 +95,9 @@ def build_vllm_engine(
     vllm = import_vllm()
     from vllm.platforms import current_platform
     base = model.get_base_model() if is_peft_model(model) else model
-    # eager on a CPU (starts in seconds); elsewhere vLLM's default, compiled with CUDA graphs
     args = dict(dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed,
-                enforce_eager=current_platform.is_cpu(), skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-                use_tqdm_on_load=False,
+                enforce_eager=current_platform.is_cpu(),  # a CPU: eager, starts in seconds; else compiled, CUDA graphs
+                skip_tokenizer_init=True, logprobs_mode="processed_logprobs", use_tqdm_on_load=False,
                 max_model_len=getattr(base.config, "max_position_embeddings", None))
     name = f"{type(base).__name__} ({base.config.model_type})"
     if "model_impl" not in options and type(base).__name__ not in vllm.ModelRegistry.get_supported_archs():
