@@ -21,6 +21,14 @@ built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any execu
 
 __version__ = "0.0.1"
 
+import os as _os
+
+# OpenMP threads that sleep while they wait instead of spinning: on a shared CPU, spinning threads take the cores the
+# work needs (SmolLM2's steps ran 10-30x slower under load; benchmarks/threads.py). OpenMP reads this when torch first
+# loads it, so it counts where rlnb is imported before torch (the `rlnb` command, its notebooks' kernels, which
+# inherit it, and scripts that import rlnb first). An OMP_WAIT_POLICY already set wins.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # The public names of every module, so `import rlnb; rlnb.collate(...)` and `from rlnb import *` both work.
 from .core import *
 from .checks import *  # check_2d, check_finite, check_finite_number, rewards_1d, resolve_group_ids

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/cache.html.md"""
 
 # %% ../nbs/11_cache.ipynb #146625bb
 from __future__ import annotations
-import contextlib, errno, json, os, shutil, signal, socket, sys, tempfile, time, warnings
+import contextlib, errno, importlib.resources, json, os, shutil, signal, socket, sys, tempfile, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,8 +14,9 @@ try: import fcntl  # POSIX file locks
 except ImportError: fcntl = None  # Windows: folder_lock only records its holder
 
 # %% auto #0
-__all__ = ['LOCK_FILE', 'default_cache_dir', 'build_atomically', 'write_atomically', 'quiet_progress_bars', 'load_from_folder',
-           'FolderInUseError', 'lock_holder', 'folder_lock', 'die_with_parent']
+__all__ = ['SHIPPED_DIR', 'LOCK_FILE', 'default_cache_dir', 'build_atomically', 'shipped_or_cached', 'write_atomically',
+           'quiet_progress_bars', 'load_from_folder', 'FolderInUseError', 'lock_holder', 'folder_lock',
+           'die_with_parent']
 
 # %% ../nbs/11_cache.ipynb #8bc44f7e
 def default_cache_dir(
@@ -43,6 +44,19 @@ def build_atomically(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+# %% ../nbs/11_cache.ipynb #ab78ebff
+SHIPPED_DIR = Path(str(importlib.resources.files("rlnb"))) / "weights"  # the trained folders the package carries
+
+
+def shipped_or_cached(
+    name: str,  # the folder's name under the cache root, e.g. a tiny model's 'addition-steps700-seed0-<digest>'
+    complete: Callable[[Path], bool],  # whether a folder holds a finished build
+    cache_dir: str | os.PathLike | None = None,  # see `default_cache_dir`
+) -> Path:
+    "The package's own folder `name` (`SHIPPED_DIR`) if it is complete there, else `name` under the cache root."
+    shipped = SHIPPED_DIR / name
+    return shipped if complete(shipped) else default_cache_dir(cache_dir) / name
 
 # %% ../nbs/11_cache.ipynb #1601fb8b
 def write_atomically(

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 
 # %% ../nbs/61_cli.ipynb #77cd9bc3
 from __future__ import annotations
-import argparse, ast, json, logging, os, sys, time
+import argparse, ast, json, logging, os, sys, textwrap, time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
@@ -16,7 +16,7 @@ from .experiments import progress_line, run_experiment, run_sweep
 from .core import TrainingConfig, create_training_config
 
 # %% auto #0
-__all__ = ['parse_value', 'parse_params', 'yaml_params', 'training_summary', 'train_command', 'main']
+__all__ = ['parse_value', 'parse_params', 'yaml_params', 'fields_help', 'training_summary', 'train_command', 'main']
 
 # %% ../nbs/61_cli.ipynb #600b0b93
 def parse_value(
@@ -60,17 +60,28 @@ def yaml_params(
     if bad: raise ValueError(f"{source}: parameter names must be Python identifiers, got {bad[0]!r}")
     return dict(params)
 
+# %% ../nbs/61_cli.ipynb #eeb1cbb7
+def fields_help() -> str:
+    "Every TrainingConfig field with its default and what it is: the parameters `-p NAME VALUE` takes, for --help."
+    lines = ["parameters (TrainingConfig fields, NAME = default: what it is):"]
+    for name, default in TrainingConfig._field_defaults.items():
+        lines.append(f"  {name} = {default!r}: {getattr(TrainingConfig, name).__doc__ or ''}")
+    return "\n".join(lines)
+
 # %% ../nbs/61_cli.ipynb #e5985b0b
 def _parser() -> argparse.ArgumentParser:
     "rlnb run ... | rlnb sweep ..."
     p = argparse.ArgumentParser(prog="rlnb", description="Run papermill experiments: one run, or a sweep over "
                                                          "parameters and seeds.")
     sub = p.add_subparsers(dest="command", required=True, metavar="{run,sweep,train}")
-    run = sub.add_parser("run", help="run a notebook once", description="Run NOTEBOOK once, into a folder of its own.")
+    fields = dict(epilog=fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)  # each -p NAME
+    run = sub.add_parser("run", help="run a notebook once", description="Run NOTEBOOK once, into a folder of its own.",
+                         **fields)
     sweep = sub.add_parser("sweep", help="run a notebook over a grid of parameters and seeds",
-                           description="Run NOTEBOOK for every combination of the swept parameters and every seed, "
-                                       "each run in its own process and folder; completed runs are skipped, failed "
-                                       "ones retried.")
+                           description=textwrap.fill("Run NOTEBOOK for every combination of the swept parameters "
+                                                     "and every seed, each run in its own process and folder; "
+                                                     "completed runs are skipped, failed ones retried.", 100),
+                           **fields)
     for cmd, many in ((run, "a parameter and its value"), (sweep, "a parameter and its values (several are swept)")):
         cmd.add_argument("notebook", help="a papermill notebook, e.g. nbs/experiments/grpo_training.ipynb")
         cmd.add_argument("-p", "--param", nargs="+", action="append", default=[], metavar=("NAME", "VALUE"),
@@ -84,8 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--workers", type=int, help="runs at a time, each in its own process (default: one per core)")
     sweep.add_argument("--threads", type=int, default=1, help="CPU threads per run (default: 1)")
     train = sub.add_parser("train", help="run `train` in this process (torchrun: in each of several)",
-                           description="Train with the parameters of the training notebook (TrainingConfig fields), "
-                                       "in this process; under torchrun or accelerate launch, data-parallel.")
+                           description=textwrap.fill("Train with the parameters of the training notebook "
+                                                     "(TrainingConfig fields), in this process; under torchrun or "
+                                                     "accelerate launch, data-parallel. Files (metrics.jsonl, "
+                                                     "checkpoint/, summary.json) go to -p output_dir DIR; without it "
+                                                     "nothing is written.", 100), **fields)
     train.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                        help="a TrainingConfig field and its value, read like papermill's -p")
     train.add_argument("-y", "--parameters-yaml", metavar="YAML", help="parameters as YAML text (-p wins over it)")

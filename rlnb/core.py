@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/10_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, reprlib, sys, tempfile, warnings
+import difflib, inspect, json, math, os, random, re, reprlib, sys, tempfile, typing, warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -203,12 +203,23 @@ def _copy_field_comments(
         above = None
 
 
+def _plain_annotations(cls) -> None:
+    "Field types as `help()` should show them (`int | None`), not the ForwardRefs a NamedTuple keeps of string types."
+    module = vars(sys.modules[cls.__module__])
+    for annotations in (cls.__annotations__, cls.__new__.__annotations__):
+        for name, kind in annotations.items():
+            if not isinstance(kind, typing.ForwardRef): continue
+            try: annotations[name] = eval(kind.__forward_arg__, module)  # rlnb's own source: `int | None`, `Tensor`
+            except Exception: annotations[name] = kind.__forward_arg__  # a name this module does not hold: its text
+
+
 def document_fields(
     *records,  # NamedTuple classes defined in a .py file (a notebook's own classes have no source to read)
 ) -> None:
-    "Give each NamedTuple field its comment (beside it, or on the line above) as `__doc__`, for `help()`."
+    "Give each NamedTuple field its comment (beside it, or on the line above) as `__doc__`, and its plain type."
     sources = {}
     for cls in records:
+        _plain_annotations(cls)
         for klass in cls.__mro__[:-2]:  # the class, then its own bases (Batch's fields are _BatchFields'); not tuple
             try:
                 lines = _source_lines(sys.modules[klass.__module__].__file__, sources)

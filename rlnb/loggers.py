@@ -212,7 +212,8 @@ def create_progress_logger(
     if not 0 <= every_frac <= 1: raise ValueError(f"{fn}: `every_frac` must be in [0, 1], got {every_frac!r}")
     out = log_fn or (lambda line: print(line, flush=True))
     chunk = every_frac * total  # iterations between fraction lines
-    seen = {"iteration": None, "time": time.monotonic(), "acc": None, "explained": False}  # at the last line printed
+    # at the last line printed; `acc` is an evaluation's accuracy not shown yet (a line shows it once)
+    seen = {"iteration": None, "time": time.monotonic(), "acc": None, "explained": False}
     window = {"reward": [], "kl": [], "loss": [], "step_s": []}  # values since the last line
 
     def head(it: int) -> str: return f"[{it:>{len(str(total))}}/{total} {int(100 * it / total):3d}%]"
@@ -221,8 +222,12 @@ def create_progress_logger(
         m, it, now = stats.custom_metrics or {}, state.iteration, time.monotonic()
         if m and all(str(k).startswith("eval/") for k in m):  # an evaluation: shown on the next line
             seen["acc"] = m.get("eval/accuracy", seen["acc"])
-            if seen["iteration"] is not None and seen["iteration"] >= total and seen["acc"] is not None:
-                out(f"{head(it)} acc {seen['acc']:.2f}  (final evaluation)")
+            first = seen["iteration"] is None and it == 0  # before training: the first line may be minutes away
+            last = seen["iteration"] is not None and seen["iteration"] >= total  # after training: no line follows
+            if (first or last) and seen["acc"] is not None:  # a line of its own, now
+                out(f"{head(it)} acc {seen['acc']:.2f}  ({'the starting model' if first else 'final evaluation'}, "
+                    f"evaluated in {_duration(now - seen['time'])})")
+                seen.update(acc=None, time=now)
             return
         window["reward"].append(m.get("reward/mean"))
         window["kl"].append(m.get("kl/mean"))
@@ -235,6 +240,7 @@ def create_progress_logger(
         step_s = _mean(window["step_s"])
         if step_s is None: step_s = (now - seen["time"]) / len(window["reward"])  # no timing metric: wall clock
         out(_window_line(head(it), window, seen["acc"], step_s, max(total - it, 0)))
+        seen["acc"] = None  # shown: the next lines wait for the next evaluation
         loss = _mean(window["loss"])
         if loss is not None and abs(loss) < 1e-6 and not seen["explained"]:  # once: it looks like a bug, it is not
             out("  (a loss near 0 is normal here: at one update per batch the policy ratio is 1 and the advantages "

@@ -13,12 +13,12 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from .cache import build_atomically, quiet_progress_bars
+from .cache import build_atomically, quiet_progress_bars, shipped_or_cached
 from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
 from .models import prepare_tokenizer, auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn
-from .tiny import resolve_task, load_tiny_model, tiny_cache_dir, tiny_cache_path
+from .tiny import resolve_task, load_tiny_model, tiny_cache_path
 
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',
@@ -372,13 +372,16 @@ _RM_LOCK = threading.Lock()
 
 
 def tiny_reward_model_path(task="addition", seed: int = 0, cache_dir=None, **recipe) -> Path:
-    "The cache folder of the tiny reward model for these settings (and the tiny policy it is made from)."
+    "The tiny reward model's folder for these settings: the package's copy if it ships one, else the cache's."
     task = resolve_task(task, "tiny_reward_model_path")
     # the policy's folder name is its recipe's digest: its backbone and its samples make the reward model
     key = dict(version=TINY_RM_VERSION, task=task.name, params=getattr(task, "params", None),
                policy=tiny_cache_path(task).name, **{**TINY_RM_DEFAULTS, **recipe})
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:10]
-    return tiny_cache_dir(cache_dir) / f"reward-{task.name}-seed{seed}-{digest}"
+    return shipped_or_cached(f"reward-{task.name}-seed{seed}-{digest}", _rm_complete, cache_dir)
+
+
+def _rm_complete(folder: Path) -> bool: return (folder / RM_SUMMARY_FILE).exists()
 
 # %% ../nbs/26_reward_models.ipynb #53b2fa65
 def _train_tiny_rm(tmp: Path, task, seed: int, recipe: dict, progress: bool) -> None:
@@ -420,17 +423,16 @@ def load_tiny_reward_model(
     progress: bool = True,  # print one line on a cold start
     **recipe,  # overrides of TINY_RM_DEFAULTS (steps, batch_size, learning_rate, n_pairs, eval_pairs)
 ):  # (model, tokenizer)
-    "rlnb's tiny reward model for `task`: trained on preference pairs on first use (~1 min, 1 CPU thread), then cached."
+    "rlnb's tiny reward model for `task`: the package's (the default), or trained on first use (~1 min) and cached."
     unknown = sorted(set(recipe) - set(TINY_RM_DEFAULTS))
     if unknown:
         raise ValueError(f"load_tiny_reward_model: unknown recipe keys {unknown}; known: {sorted(TINY_RM_DEFAULTS)}")
     task = resolve_task(task, "load_tiny_reward_model")
     recipe = {**TINY_RM_DEFAULTS, **recipe}
     path = tiny_reward_model_path(task, seed, cache_dir, **recipe)
-    complete = lambda folder: (folder / RM_SUMMARY_FILE).exists()
     with _RM_LOCK:
-        if path.exists() and not complete(path): shutil.rmtree(path, ignore_errors=True)  # stale, unfinished folder
-        build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), complete)
+        if path.exists() and not _rm_complete(path): shutil.rmtree(path, ignore_errors=True)  # stale, unfinished
+        build_atomically(path, lambda tmp: _train_tiny_rm(tmp, task, seed, recipe, progress), _rm_complete)
         return load_reward_model(str(path))
 
 # %% ../nbs/26_reward_models.ipynb #9164b49f

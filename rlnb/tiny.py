@@ -1,4 +1,4 @@
-"""A character tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and its cached loader.
+"""A character tokenizer with a chat template, a ~0.5M-parameter Qwen2 model, and its loader (shipped or cached).
 
 Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 
@@ -11,15 +11,14 @@ from pathlib import Path
 
 import torch
 
-from .cache import build_atomically, default_cache_dir, load_from_folder
+from .cache import SHIPPED_DIR, build_atomically, default_cache_dir, load_from_folder, shipped_or_cached
 from .core import ModelConfig
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION', 'DEFAULT_TINY_CONFIG', 'DEFAULT_SFT_CONFIG',
-           'DEFAULT_SFT_STEPS', 'DEFAULT_SFT_STEPS_OTHER', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols',
-           'build_tokenizer', 'build_tiny_model', 'resolve_task', 'tiny_cache_dir', 'tiny_cache_path',
-           'load_tiny_model']
+           'DEFAULT_SFT_STEPS', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols', 'build_tokenizer', 'build_tiny_model',
+           'resolve_task', 'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path', 'load_tiny_model']
 
 # %% ../nbs/16_tiny.ipynb #a6a16885
 # control tokens, skipped by `skip_special_tokens`
@@ -126,10 +125,9 @@ TINY_FORMAT_VERSION = 3  # bump when a change to this module makes old caches wr
 DEFAULT_TINY_CONFIG = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
                            max_position_embeddings=256)
 # `sft_tiny_model` arguments of the default model
-DEFAULT_SFT_CONFIG = dict(learning_rate=1e-3, batch_size=16, warmup_steps=50, lr_schedule="constant", eval_every=25,
-                          eval_size=256, eval_seed=1_000_003, stop_at_accuracy=0.3)
-DEFAULT_SFT_STEPS = {"addition": 1500}  # default *maximum* SFT steps per task (others: `DEFAULT_SFT_STEPS_OTHER`)
-DEFAULT_SFT_STEPS_OTHER = 1500
+DEFAULT_SFT_CONFIG = dict(learning_rate=1e-3, batch_size=16, examples=24_000, warmup_steps=50, lr_schedule="constant",
+                          eval_every=25, eval_size=256, eval_seed=1_000_003)
+DEFAULT_SFT_STEPS = 700  # SFT steps of the default models (chapter *How the tiny model is made* says why 700)
 METRICS_FILE = "sft_metrics.jsonl"  # the SFT run's metrics, beside the model
 SUMMARY_FILE = "tiny_summary.json"  # written last: its presence marks a complete model folder
 
@@ -141,9 +139,6 @@ def tiny_cache_dir(
     return default_cache_dir(cache_dir)
 
 # %% ../nbs/16_tiny.ipynb #f007bbf2
-def _default_steps(task) -> int: return DEFAULT_SFT_STEPS.get(task.name, DEFAULT_SFT_STEPS_OTHER)
-
-
 def tiny_cache_path(
     task="addition",  # task name or Task
     steps: int | None = None,  # SFT steps; None = the task's default
@@ -154,7 +149,7 @@ def tiny_cache_path(
 ) -> Path:
     "The folder `load_tiny_model` uses for these settings."
     task = resolve_task(task)
-    steps = _default_steps(task) if steps is None else steps
+    steps = DEFAULT_SFT_STEPS if steps is None else steps
     key = dict(version=TINY_FORMAT_VERSION, model={**DEFAULT_TINY_CONFIG, **(model_config or {})},
                sft={**DEFAULT_SFT_CONFIG, **(sft_config or {})}, task=task.name,
                task_params=getattr(task, "params", None), vocab=[SPECIAL_TOKENS, TAG_TOKENS, _byte_vocab()])
@@ -166,6 +161,19 @@ def _is_complete(path: Path) -> bool:
     return all((path / f).exists()
                for f in ("config.json", "model.safetensors", "tokenizer.json", METRICS_FILE, SUMMARY_FILE))
 
+
+# %% ../nbs/16_tiny.ipynb #5624d424
+def tiny_model_path(
+    task="addition",  # task name or Task
+    steps: int | None = None,  # SFT steps; None = DEFAULT_SFT_STEPS
+    seed: int = 0,  # training seed
+    cache_dir: str | os.PathLike | None = None,  # see `tiny_cache_dir`
+    model_config: dict | None = None,  # overrides of `DEFAULT_TINY_CONFIG`
+    sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG`
+) -> Path:
+    "The folder `load_tiny_model` loads these settings from: the package's copy if it ships one, else the cache's."
+    return shipped_or_cached(tiny_cache_path(task, steps, seed, None, model_config, sft_config).name, _is_complete,
+                             cache_dir)
 
 # %% ../nbs/16_tiny.ipynb #f611ee41
 _MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
@@ -186,12 +194,12 @@ def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str
 def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     task = resolve_task(task)
-    if steps is None: steps = _default_steps(task)
+    if steps is None: steps = DEFAULT_SFT_STEPS
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"load_tiny_model: `steps` must be a positive int, got {steps!r}")
     _check_overrides(model_config, sft_config)
     path = (Path(path).expanduser() if path is not None
-            else tiny_cache_path(task, steps, seed, cache_dir, model_config, sft_config))
+            else tiny_model_path(task, steps, seed, cache_dir, model_config, sft_config))
     if path.exists() and not _is_complete(path) and any(path.iterdir()):
         raise ValueError(f"load_tiny_model: `path` {str(path)!r} exists but holds no complete tiny model "
                          f"(missing {SUMMARY_FILE}, metrics or weights)")
@@ -214,21 +222,21 @@ _LOAD_LOCK = threading.Lock()
 
 def load_tiny_model(
     task="addition",  # task name (see `rlnb.tasks.list_tasks`) or a Task to pre-train on
-    path: str | os.PathLike | None = None,  # load from / save to exactly this folder; None = the cache folder
-    steps: int | None = None,  # maximum SFT steps; None = the task's default (training stops at `stop_at_accuracy`)
+    path: str | os.PathLike | None = None,  # load from / save to exactly this folder; None = `tiny_model_path`'s
+    steps: int | None = None,  # SFT steps; None = DEFAULT_SFT_STEPS
     seed: int = 0,  # seed of the initialisation and the SFT data
     cache_dir: str | os.PathLike | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
     model_config: dict | None = None,  # overrides of `DEFAULT_TINY_CONFIG` (e.g. {"num_layers": 3})
-    sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG` (e.g. {"stop_at_accuracy": None} = all steps)
+    sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG` (e.g. {"learning_rate": 3e-3})
     progress: bool = True,  # print training progress on a cold start
 ):  # (model, tokenizer)
-    "The SFT'd tiny model and its tokenizer: trained on the first call, loaded from the cache afterwards."
+    "The SFT'd tiny model and its tokenizer: the package's copy, or trained on the first call and cached."
     with _LOAD_LOCK:  # threads of one process take turns (`from_pretrained` is not thread-safe); processes race safely
         return _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress)
 
 # %% ../nbs/16_tiny.ipynb #1d591d9d
 def _tiny_model_loader(config: ModelConfig):
-    "MODEL_LOADERS['tiny']: the cached SFT'd model for `load_tiny_model(**config.custom_config)`."
+    "MODEL_LOADERS['tiny']: the SFT'd model `load_tiny_model(**config.custom_config)` returns."
     return load_tiny_model(**(config.custom_config or {}))[0]
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import inspect, json, os, time
 from pathlib import Path
 
+import torch
+
 from .cache import quiet_progress_bars
 from .checkpoints import rng_state, set_rng_state
 from .loggers import create_jsonl_logger, load_metrics
 from .rollouts import evaluate_accuracy
 from .sft import sft
 from .tiny import (DEFAULT_SFT_CONFIG, DEFAULT_TINY_CONFIG, METRICS_FILE, SUMMARY_FILE, resolve_task,
-                       build_tiny_model, build_tokenizer, tiny_cache_path)
+                       build_tiny_model, build_tokenizer, tiny_model_path)
 from .training import default_num_threads
 
 # %% auto #0
@@ -36,8 +38,11 @@ def sft_tiny_model(
     model,  # a causal LM (e.g. from `build_tiny_model`); trained in place
     tokenizer,  # its tokenizer
     task,  # a `rlnb.tasks.Task` or a task name
-    steps: int = 1500,  # optimizer steps (at most: see `stop_at_accuracy`)
+    steps: int = 700,  # optimizer steps (fewer if `stop_at_accuracy` stops it)
     batch_size: int = 16,  # examples per step
+    # training examples drawn, then cycled in seeded epochs: the same for any `steps`, so a run's first k steps are
+    # those of a k-step run
+    examples: int = 24_000,
     learning_rate: float = 1e-3,  # peak learning rate (AdamW)
     warmup_steps: int = 50,  # linear learning-rate warm-up
     lr_schedule: str = "constant",  # after warm-up: "constant", "cosine" or "wsd" (see rlnb.training.lr_multiplier)
@@ -52,12 +57,14 @@ def sft_tiny_model(
     logger=None,  # extra (state, stats) -> None loggers, e.g. rlnb.loggers.create_jsonl_logger(path)
     progress: bool = True,  # text progress lines
 ):  # the metrics DataFrame of the run (loss/sft per step, eval/accuracy at evaluations)
-    "SFT of `model` on `task` with `rlnb.sft.sft`, measuring greedy accuracy on held-out prompts and stopping early."
+    "SFT on `task` with `rlnb.sft.sft`, measuring greedy accuracy on held-out prompts (and stopping early if asked)."
     task = resolve_task(task, "sft_tiny_model")
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"sft_tiny_model: `steps` must be a positive int, got {steps!r}")
     sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
-    train, held_out = _held_out_split(task, steps * batch_size, eval_size, seed, eval_seed)
+    if not isinstance(examples, int) or examples < batch_size:
+        raise ValueError(f"sft_tiny_model: `examples` must be an int >= batch_size ({batch_size}), got {examples!r}")
+    train, held_out = _held_out_split(task, examples, eval_size, seed, eval_seed)
     eval_fn = None
     if held_out and eval_every:
         eval_fn = lambda state: {"eval/accuracy": evaluate_accuracy(state.model, tokenizer, held_out, task.check,
@@ -83,7 +90,7 @@ SFT_CONFIG_KEYS = (frozenset(inspect.signature(sft_tiny_model).parameters)
 def train_tiny_model_into(
     tmp: Path,  # an empty folder (build_atomically's temporary one)
     task,  # a Task
-    steps: int,  # maximum SFT steps
+    steps: int,  # SFT steps
     seed: int,  # seed of the initialisation and the data
     model_config: dict | None,  # overrides of DEFAULT_TINY_CONFIG
     sft_config: dict | None,  # overrides of DEFAULT_SFT_CONFIG
@@ -104,12 +111,13 @@ def train_tiny_model_into(
     summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
                    model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
                    seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
-                   accuracy=float(acc.iloc[-1]) if len(acc) else None)
+                   accuracy=float(acc.iloc[-1]) if len(acc) else None,
+                   built_on=dict(cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__))
     (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
 
 
 def read_tiny_history(
-    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's cache folder
+    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's (`tiny_model_path()`)
 ):  # DataFrame: one row per step (loss/sft, lr, ...) and per evaluation (eval/accuracy)
     "The SFT metrics stored beside a cached tiny model."
-    return load_metrics(Path(tiny_cache_path() if path is None else path) / METRICS_FILE)
+    return load_metrics(Path(tiny_model_path() if path is None else path) / METRICS_FILE)

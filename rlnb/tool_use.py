@@ -6,24 +6,25 @@ Docs: https://rlnb.github.io/rlnb/tool_use.html.md"""
 
 # %% ../nbs/53_tool_use.ipynb #0fc6a216
 from __future__ import annotations
-import hashlib, json, os, threading
+import hashlib, json, os, threading, time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from .cache import build_atomically, load_from_folder, quiet_progress_bars
+from .cache import build_atomically, load_from_folder, quiet_progress_bars, shipped_or_cached
 from .core import Batch, Conversation, GenerationConfig, Message, TrainingConfig, create_training_config
 from .tasks import Task, TaskExample, check_number, make_task
 from .tools import calculator
 from .multiturn import create_multiturn_rollout, create_multiturn_rollout_fn
+from .loggers import create_jsonl_logger
 from .sft import sft
 from .tiny import build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
 
 # %% auto #0
-__all__ = ['TOOL_SYSTEM_PROMPT', 'TOOL_USE_SFT', 'TOOL_USE_RL', 'products_task', 'tool_demonstration', 'make_tool_demonstrations',
-           'tool_use_stats', 'create_tool_use_rollout_fn', 'evaluate_tool_use', 'sft_tool_use_model',
-           'tool_use_cache_path', 'load_tool_use_model', 'tool_use_config']
+__all__ = ['TOOL_SYSTEM_PROMPT', 'TOOL_USE_SFT', 'TOOL_USE_FILES', 'TOOL_USE_RL', 'products_task', 'tool_demonstration',
+           'make_tool_demonstrations', 'tool_use_stats', 'create_tool_use_rollout_fn', 'evaluate_tool_use',
+           'sft_tool_use_model', 'tool_use_cache_path', 'tool_use_model_path', 'load_tool_use_model', 'tool_use_config']
 
 # %% ../nbs/53_tool_use.ipynb #073c8025
 TOOL_SYSTEM_PROMPT = "Tool: calculator"  # the system message of every tool-use episode (one character = one token)
@@ -133,8 +134,8 @@ def evaluate_tool_use(
     return {"reward": sum(rewards) / len(rewards), "calls_per_episode": calls, **tool_use_stats(batch)}
 
 # %% ../nbs/53_tool_use.ipynb #1377ecfb
-TOOL_USE_SFT = dict(max_steps=400, demonstrations=4096, batch_size=16, learning_rate=1e-3, demo_seed=1000,
-                    eval_every=10, stop_at_reward=0.08, probe_seed=7_000_001)  # see above
+TOOL_USE_SFT = dict(steps=500, demonstrations=4096, batch_size=16, learning_rate=1e-3, demo_seed=1000,
+                    probe_every=10, probe_seed=7_000_001)  # see above
 _LOCK = threading.Lock()
 
 
@@ -142,38 +143,66 @@ def sft_tool_use_model(
     model,  # a causal LM (the tiny addition model); trained in place
     tokenizer,  # its tokenizer
     task: Task | None = None,  # None = products_task()
-    max_steps: int = TOOL_USE_SFT["max_steps"],  # optimizer steps at most
+    steps: int = TOOL_USE_SFT["steps"],  # optimizer steps
     seed: int = 0,  # seeds the update order (the demonstrations are TOOL_USE_SFT's)
+    probe_every: int = TOOL_USE_SFT["probe_every"],  # steps between measurements of the reward (0 = none)
+    logger=None,  # extra (state, stats) -> None loggers, e.g. rlnb.loggers.create_jsonl_logger(path)
     progress: bool = False,  # text progress lines
-    stop_at_reward: float | None = TOOL_USE_SFT["stop_at_reward"],  # stop when the probe's reward reaches it
 ):  # the SFT metrics DataFrame (its eval/reward rows are the probe's)
-    "SFT on calculator demonstrations with `rlnb.sft.sft` (settings: TOOL_USE_SFT), stopped once half-learned."
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"sft_tool_use_model: `max_steps` must be an int >= 1, got {max_steps!r}")
+    "SFT on calculator demonstrations with `rlnb.sft.sft` (settings: TOOL_USE_SFT), a fixed number of steps."
+    for name, value, least in (("steps", steps, 1), ("probe_every", probe_every, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"sft_tool_use_model: `{name}` must be an int >= {least}, got {value!r}")
     cfg, task = TOOL_USE_SFT, task or products_task()
     demos = make_tool_demonstrations(task, cfg["demonstrations"], seed=cfg["demo_seed"] + seed)
     def probe(state) -> dict:  # the reward on prompts of its own, not the held-out ones
         return {"eval/reward": evaluate_tool_use(state.model, tokenizer, task, seed=cfg["probe_seed"])["reward"]}
-    stop = lambda state, metrics: stop_at_reward is not None and metrics.get("eval/reward", 0.0) >= stop_at_reward
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        _, metrics = sft(model, tokenizer, demos, num_iterations=max_steps, batch_size=cfg["batch_size"],
-                         learning_rate=cfg["learning_rate"], seed=seed, progress=progress,
-                         eval_fn=probe if stop_at_reward is not None else None, eval_every=cfg["eval_every"],
-                         stop_fn=stop)
+        _, metrics = sft(model, tokenizer, demos, num_iterations=steps, batch_size=cfg["batch_size"],
+                         learning_rate=cfg["learning_rate"], seed=seed, progress=progress, logger=logger,
+                         eval_fn=probe if probe_every else None, eval_every=probe_every)
     model.eval()
     return metrics
 
 # %% ../nbs/53_tool_use.ipynb #15adba46
+TOOL_USE_FILES = ("config.json", "model.safetensors", "sft_metrics.jsonl", "sft_summary.json")  # summary last
+
+
 def tool_use_cache_path(
     seed: int = 0,  # SFT seed
     cache_dir: str | os.PathLike | None = None,  # see rlnb.tiny.tiny_cache_dir
 ) -> Path:
-    "The folder `load_tool_use_model` uses for these settings."
-    base = tiny_cache_path("addition", cache_dir=cache_dir).name  # the tiny model's own settings, hashed
-    key = json.dumps(dict(version=2, sft=TOOL_USE_SFT, system=TOOL_SYSTEM_PROMPT, base=base), sort_keys=True)
+    "The cache's folder for the tool-use model of these settings."
+    base = tiny_cache_path("addition").name  # the tiny model's own settings, hashed
+    key = json.dumps(dict(version=3, sft=TOOL_USE_SFT, system=TOOL_SYSTEM_PROMPT, base=base), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     return tiny_cache_dir(cache_dir) / f"tool-use-seed{seed}-{digest}"
+
+
+def tool_use_model_path(
+    seed: int = 0,  # SFT seed
+    cache_dir: str | os.PathLike | None = None,  # see rlnb.tiny.tiny_cache_dir
+) -> Path:
+    "The folder `load_tool_use_model` loads: the package's copy if it ships one (seed 0), else the cache's."
+    return shipped_or_cached(tool_use_cache_path(seed).name, _is_complete, cache_dir)
+
+
+def _is_complete(folder: Path) -> bool: return all((folder / f).exists() for f in TOOL_USE_FILES)
+
+
+def _train_tool_use_model_into(folder: Path, seed: int, cache_dir, progress: bool) -> None:
+    "The addition model, SFT'd on demonstrations, saved into `folder` with its metrics; the summary last."
+    model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
+    t0 = time.perf_counter()
+    metrics = sft_tool_use_model(model, tokenizer, seed=seed, progress=progress,
+                                 logger=create_jsonl_logger(folder / "sft_metrics.jsonl"))
+    probes = metrics["eval/reward"].dropna() if "eval/reward" in metrics else []
+    with quiet_progress_bars(): model.save_pretrained(folder)  # a bar for a small local write is noise
+    summary = dict(steps=int(metrics["iteration"].max()), seconds=round(time.perf_counter() - t0, 2),
+                   probe_reward=float(probes.iloc[-1]) if len(probes) else None,
+                   built_on=dict(cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__))
+    (folder / "sft_summary.json").write_text(json.dumps(summary, indent=1))
 
 
 def load_tool_use_model(
@@ -181,19 +210,12 @@ def load_tool_use_model(
     cache_dir: str | os.PathLike | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
     progress: bool = False,  # print SFT progress on a cold start
 ):  # (model, tokenizer)
-    "The tiny addition model after a brief SFT on calculator demonstrations: trained on the first call, then cached."
+    "The tiny addition model after a brief SFT on calculator demonstrations: the package's copy, or trained and cached."
     from transformers import AutoModelForCausalLM
-    path = tool_use_cache_path(seed, cache_dir)
-    def build(folder: Path):
-        model, tokenizer = load_tiny_model("addition", cache_dir=cache_dir, progress=progress)
-        metrics = sft_tool_use_model(model, tokenizer, seed=seed, progress=progress)
-        probes = metrics["eval/reward"].dropna() if "eval/reward" in metrics else []
-        with quiet_progress_bars(): model.save_pretrained(folder)  # a bar for a small local write is noise
-        last = float(probes.iloc[-1]) if len(probes) else None
-        summary = dict(steps=int(metrics["iteration"].max()), probe_reward=last)
-        (folder / "sft_summary.json").write_text(json.dumps(summary))
+    path = tool_use_model_path(seed, cache_dir)
     with _LOCK:
-        build_atomically(path, build, lambda folder: (folder / "sft_summary.json").exists())
+        build_atomically(path, lambda folder: _train_tool_use_model_into(folder, seed, cache_dir, progress),
+                         _is_complete)
         model = load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path,
                                  "the tool-use model").eval()
     return model, build_tokenizer()

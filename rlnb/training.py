@@ -1014,6 +1014,8 @@ def train(
                 rollout_fn, eval_fn, checkpoint_fn = dp.sharded_hooks(rollout_fn, eval_fn, checkpoint_fn, _is_writer())
             elif not _is_writer(): checkpoint_fn, eval_fn = None, None  # rank 0 saves, evaluates
             if not _is_writer(): loggers = []  # and logs
+            if progress and _is_writer() and _evaluates_first(state, config, eval_fn):  # minutes on a real model
+                print(f"{fn}: evaluating the starting model before iteration 1", flush=True)
             return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
                          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
                          stop_fn)
@@ -1123,6 +1125,11 @@ def _restored_pending(state: TrainingState, ahead: _RolloutsAhead | None) -> Tra
     return state._replace(metadata=meta)
 
 
+def _evaluates_first(state: TrainingState, config: TrainingConfig, eval_fn) -> bool:
+    "Whether the loop evaluates the starting model before its first iteration (a new run that evaluates)."
+    return eval_fn is not None and bool(config.eval_every) and state.iteration == 0 and config.num_iterations > 0
+
+
 def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
           ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
           stop_fn) -> TrainingState:
@@ -1132,8 +1139,7 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
         st = _eval_stats(s.optimizer.param_groups[0]["lr"], eval_fn(s))
         emit(s, st)
         return st.custom_metrics
-    if eval_fn is not None and config.eval_every and state.iteration == 0 and config.num_iterations > 0:
-        evaluate(state)
+    if _evaluates_first(state, config, eval_fn): evaluate(state)
     ahead = _RolloutsAhead(rollout_fn, tokenizer, config) if config.off_policy_steps else None
     state = _restored_pending(state, ahead)
     t0, skipped, dp = time.perf_counter(), 0, _data_parallel()

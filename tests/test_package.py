@@ -1,5 +1,5 @@
 "The package as a programmer uses it: `import rlnb`, the public names, and notebooks in sync with the library."
-import json, subprocess, sys
+import ast, json, subprocess, sys
 from pathlib import Path
 
 import rlnb
@@ -126,3 +126,54 @@ def test_help_shows_what_each_record_field_is():
         text = pydoc.render_doc(record)
         assert "Alias for field number" not in text, record.__name__
     assert rlnb.Rollout.prompt.__doc__ == "prompt text as shown to the model (after the chat template)"
+
+
+def _main_install() -> set[str]:
+    "The distributions `pip install rlnb` brings (no extras): rlnb's requirements and theirs, as installed here."
+    import re
+    from importlib.metadata import PackageNotFoundError, distribution
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+    seen, todo = set(), ["rlnb"]
+    while todo:
+        name = norm(todo.pop())
+        if name in seen: continue
+        seen.add(name)
+        try: requires = distribution(name).requires or []
+        except PackageNotFoundError: continue  # a platform-specific requirement that is not installed here
+        todo += [re.match(r"[A-Za-z0-9_.-]+", r).group() for r in requires if "extra ==" not in r]
+    return seen
+
+
+def _guarded(node, parents) -> bool:
+    "An import inside `try: ... except ImportError` or under an `if` that asks `find_spec`: it may be missing."
+    for p in parents.get(node, ()):
+        if isinstance(p, ast.Try) and any("ImportError" in ast.unparse(h.type or ast.Name("")) for h in p.handlers):
+            return True
+        if isinstance(p, ast.If) and "find_spec" in ast.unparse(p.test): return True
+    return False
+
+
+def test_chapters_import_only_what_the_main_install_brings():
+    "After `bash scripts/install.sh` (no dev extra) every chapter runs: what a cell imports comes with rlnb's own "
+    "requirements, or the import is guarded (a dev extra's reference check is skipped without it)."
+    import importlib.metadata, re
+    modules = importlib.metadata.packages_distributions()  # top-level module -> distributions providing it
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+    installed, missing = _main_install(), []
+    for nb in sorted((ROOT / "nbs").rglob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] != "code" or re.search(r"^#\|\s*(vllm|gpu)\b", source, re.M): continue
+            tree = ast.parse("\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!"))))
+            parents = {}
+            for p in ast.walk(tree):  # each node's enclosing statements, outermost first
+                for child in ast.iter_child_nodes(p): parents[child] = parents.get(p, ()) + (p,)
+            for node in ast.walk(tree):
+                if any(isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)) for p in parents.get(node, ())):
+                    continue  # imported when called: the function's own error says what to install
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+                for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"rlnb"}:
+                    if not {norm(d) for d in modules.get(top, [])} & installed and not _guarded(node, parents):
+                        missing.append(f"{nb.name}: {top}")
+    assert not missing, f"imported by chapters but not installed by `bash scripts/install.sh`: {sorted(set(missing))}"

@@ -42,7 +42,7 @@ def test_evaluation_uses_the_unbiased_estimator_per_prompt(tiny):
         assert res.curve[k] == pytest.approx(per_prompt.mean().item(), abs=1e-12)
         assert res.stderr[k] == pytest.approx(per_prompt.std().item() / math.sqrt(12), abs=1e-12)
     assert res.curve[1] == pytest.approx(res.counts.sum().item() / 96, abs=1e-12)  # pass@1: the fraction right
-    assert res.curve[8] == pytest.approx((res.counts > 0).float().mean().item(), abs=1e-12)  # pass@n: solved at all
+    assert res.curve[8] == pytest.approx((res.counts > 0).double().mean().item(), abs=1e-12)  # pass@n: solved at all
 
 
 def test_evaluation_counts_right_samples_with_the_task_check(tiny):

@@ -11,7 +11,9 @@ from rlnb.tasks import get_task
 from rlnb.core import ModelConfig
 from rlnb.models import load_model, load_tokenizer
 from rlnb.rollouts import evaluate_accuracy
-from rlnb.tiny import SUMMARY_FILE, build_tiny_model, build_tokenizer, load_tiny_model, tiny_cache_path
+from rlnb.cache import SHIPPED_DIR
+from rlnb.tiny import (DEFAULT_SFT_STEPS, SUMMARY_FILE, build_tiny_model, build_tokenizer, load_tiny_model,
+                       tiny_cache_path, tiny_model_path)
 from rlnb.tiny_sft import read_tiny_history
 
 FAST = dict(steps=6, sft_config={"eval_size": 16, "eval_every": 0}, progress=False)  # seconds, not a useful model
@@ -165,17 +167,34 @@ def test_registered_as_tiny_for_load_model(tmp_path):
         tiny_cache_path(cache_dir=tmp_path, steps=FAST["steps"], sft_config=FAST["sft_config"]).name]
 
 
-def test_default_model_is_partially_competent():
-    """The cached default model (trained on first use) answers some, not all, held-out sums.
-    SFT stops at the first evaluation (every 25 steps) with >= 30% held-out accuracy; measured for seed 0: 0.371 after
-    775 steps."""
+def test_default_model_is_shipped_and_partially_competent():
+    "The package ships the default model (rlnb/weights/): it answers some, not all, held-out sums."
     model, tok = load_tiny_model(progress=False)
+    folder = tiny_model_path()
+    assert folder.parent == SHIPPED_DIR and folder.name == tiny_cache_path().name
     task = get_task("addition")
-    summary = json.loads((tiny_cache_path() / SUMMARY_FILE).read_text())
-    # never used for training
-    held_out = task.sample(summary["sft_config"]["eval_size"], seed=summary["sft_config"]["eval_seed"])
+    summary = json.loads((folder / SUMMARY_FILE).read_text())
+    held_out = task.sample(summary["sft_config"]["eval_size"], seed=summary["sft_config"]["eval_seed"])  # not trained on
     acc = evaluate_accuracy(model, tok, held_out, task.check)
-    assert 0.3 <= acc <= 0.6, acc
-    assert acc == pytest.approx(summary["accuracy"])
-    assert acc == pytest.approx(read_tiny_history()["eval/accuracy"].dropna().iloc[-1])
-    assert summary["iterations"] < 1500  # stopped early
+    assert 0.2 <= acc <= 0.6, acc
+    assert acc == pytest.approx(summary["accuracy"], abs=0.01)  # a near-tie may break the other way on another CPU
+    assert summary["accuracy"] == read_tiny_history()["eval/accuracy"].dropna().iloc[-1]
+    assert summary["iterations"] == summary["steps"] == DEFAULT_SFT_STEPS  # no early stop
+
+
+@pytest.mark.slow
+def test_the_shipped_model_is_what_its_recipe_builds(tmp_path):
+    """Rebuilt from its recipe, the default model starts as the shipped one did and ends where it ended, up to how far
+    two CPUs' rounding take one SFT run apart: the first 100 steps' losses agree to 0.1%, the last 100 steps' mean loss
+    to 10%, the held-out accuracy to 0.25 (SFT on sums learns in a jump whose timing rounding moves by tens of
+    steps)."""
+    folder = tmp_path / "rebuilt"
+    load_tiny_model(path=folder, progress=False)  # the default recipe, trained into `folder`
+    shipped, built = (read_tiny_history(f)["loss/sft"].dropna().to_numpy() for f in (tiny_model_path(), folder))
+    assert len(shipped) == len(built) == DEFAULT_SFT_STEPS
+    assert built[:100] == pytest.approx(shipped[:100], rel=1e-3)
+    assert built[-100:].mean() == pytest.approx(shipped[-100:].mean(), rel=0.1)
+    summaries = [json.loads((f / SUMMARY_FILE).read_text()) for f in (tiny_model_path(), folder)]
+    for key in ("task", "task_params", "steps", "seed", "model_config", "sft_config"):
+        assert summaries[0][key] == summaries[1][key], key  # the same recipe
+    assert abs(summaries[0]["accuracy"] - summaries[1]["accuracy"]) <= 0.25, summaries

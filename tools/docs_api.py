@@ -214,6 +214,7 @@ def module_page(pkg: Path, mod: str, chapter: str | None) -> str:
     out.append("```python\nfrom " + f"{pkg.name}.{mod} import *  # or: import {pkg.name}\n```\n")
     for name in names:
         node = defs.get(name)
+        out.append(f"```{{index}} single: {name} ({pkg.name}.{mod})\n```\n")  # an entry of the site's index page
         if node is None: out.append(f"## `{name}`\n\n(not defined in this module's source)\n")
         elif isinstance(node, ast.ClassDef): out.append(document_class(node, notes, lines, 2))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -1,0 +1,51 @@
+"""Run the notebooks' tests as nbdev-test does (nbdev's `test_nb`, the `tst_flags` cells skipped), several at a time,
+printing a line per notebook as it ends and a summary; exit status 1 if any failed.
+
+    python tools/test_notebooks.py [--workers 2] [--flags "slow"] [--summary FILE] [nbs/20_generation.ipynb ...]
+
+Without notebooks: every notebook in nbs/ but the papermill templates of nbs/experiments/ (tests/test_experiment.py
+runs those as papermill does) and files starting with `_` or `.`. A failing notebook's traceback goes to stderr."""
+import argparse, os, time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from nbdev.config import get_config
+from nbdev.test import test_nb
+
+
+def run_one(path: Path, flags: list[str]) -> tuple[bool, float]:
+    "(passed, seconds) for one notebook, run from its own folder like nbdev-test."
+    cfg = get_config()
+    skip = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
+    return test_nb(path, skip_flags=skip, force_flags=flags, basepath=cfg.config_path,
+                   cell_timeout=int(cfg.cell_timeout) or None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("notebooks", nargs="*", type=Path)
+    ap.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8))
+    ap.add_argument("--flags", default="", help="space-separated nbdev flags to run too, e.g. 'slow'")
+    ap.add_argument("--summary", type=Path, help="also write the summary line to this file")
+    args = ap.parse_args()
+    root = Path(get_config().nbs_path)
+    paths = args.notebooks or sorted(p for p in root.glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    start, results = time.time(), {}
+    with ProcessPoolExecutor(max(1, args.workers)) as pool:
+        jobs = {pool.submit(run_one, p.resolve(), args.flags.split()): p for p in paths}
+        for job in as_completed(jobs):
+            path = jobs[job]
+            try: passed, seconds = job.result()
+            except Exception as e: passed, seconds = False, 0.0; print(f"{path.name}: {type(e).__name__}: {e}")
+            results[path.stem] = passed
+            print(f"{'ok  ' if passed else 'FAIL'} {seconds:5.0f} s  {path.stem}", flush=True)
+    failed = sorted(name for name, ok in results.items() if not ok)
+    line = (f"notebooks: {len(results) - len(failed)} passed, {len(failed)} failed"
+            + (f" ({', '.join(failed)})" if failed else "") + f" in {time.time() - start:.0f} s")
+    print(line)
+    if args.summary: args.summary.write_text(line + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
