@@ -6,8 +6,8 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/60_experiments.ipynb #b4224387
 from __future__ import annotations
-import ast, contextlib, functools, hashlib, itertools, json, math, multiprocessing, numbers, os, re, reprlib, shutil
-import socket, sys, tempfile, threading, time, uuid, warnings
+import ast, contextlib, functools, hashlib, itertools, json, logging, math, multiprocessing, numbers, os, re, reprlib
+import shutil, socket, sys, tempfile, threading, time, uuid, warnings
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -156,9 +156,9 @@ def expand_grid(
         _check_sweep_size(fn, len(grid), seeds)
         settings = [dict(g) for g in grid]
     else: raise TypeError(f"{fn}: `grid` must be a dict of lists or a list of dicts, got {type(grid).__name__}")
-    plan = {}
+    plan, run_seeds = {}, _seed_list(fn, seeds, any("seed" in p for p in settings), default_seed)  # once: not per run
     for params in settings:
-        for seed in _seed_list(fn, seeds, any("seed" in p for p in settings), default_seed):
+        for seed in run_seeds:
             run = params if seed is None else {**params, "seed": seed}
             run_id = run_name(run)
             if run_id in plan: raise ValueError(f"{fn}: two runs are both {run_id!r}; runs must differ")
@@ -181,10 +181,14 @@ def _environ(env: Mapping[str, str]):
 def _notebook_seed(notebook: Path) -> int | None:
     "The default `seed` of a papermill notebook's parameters cell, or None if it has none (or not an int literal)."
     import papermill as pm
+    papermill_log = logging.getLogger("papermill")  # its "Input Notebook:" line is the run's: printed once, there
+    level = papermill_log.level
+    papermill_log.setLevel(logging.WARNING)
     try: parameters = pm.inspect_notebook(str(notebook))
     except Exception as e:  # nbformat's validation errors, JSON errors, papermill's own
         raise ValueError(f"`notebook` {str(notebook)!r} is not a papermill notebook: {type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    finally: papermill_log.setLevel(level)
     try: default = ast.literal_eval(parameters.get("seed", {}).get("default", "None"))
     except (ValueError, SyntaxError): return None
     return default if isinstance(default, int) and not isinstance(default, bool) else None

@@ -149,7 +149,7 @@ def load_model(
     # custom loader `config -> model`; None = MODEL_LOADERS or transformers
     model_loader: Callable[[ModelConfig], nn.Module] | None = None,
 ) -> nn.Module:
-    "Load a causal LM (custom loader, registry or transformers), place it, add gradient checkpointing, LoRA if asked."
+    "A causal LM (loader, registry or transformers), placed, checkpointing and LoRA as asked; tokenizer: load_tokenizer."
     if config is None: config = ModelConfig()
     if isinstance(config, str): config = ModelConfig(model_name_or_path=config)
     if not isinstance(config, ModelConfig):

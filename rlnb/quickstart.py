@@ -1,4 +1,4 @@
-"""One call from nothing to a trained policy: `quick_start_training`, its defaults, what two minutes buy.
+"""One call from nothing to a trained policy: `quick_start_training`, its defaults, what a few minutes buy.
 
 Docs: https://rlnb.github.io/rlnb/quickstart.html.md"""
 

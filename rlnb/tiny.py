@@ -205,7 +205,7 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
                          f"(missing {SUMMARY_FILE}, metrics or weights)")
     if progress and not _is_complete(path):  # the first run on a machine: say what the wait is and where it goes
         name = getattr(task, "name", task)
-        print(f"rlnb: building the tiny model for {name!r} once (supervised training, under a minute on a CPU); "
+        print(f"rlnb: building the tiny model for {name!r} once (supervised training, minutes on a CPU); "
               f"it is cached in {path}", flush=True)
     from rlnb.tiny_sft import train_tiny_model_into  # SFT, the first time only (chapter *How the tiny model is made*)
     build = lambda tmp: train_tiny_model_into(tmp, task, steps, seed, model_config, sft_config, progress)

@@ -575,6 +575,8 @@ def _output_paths(config: TrainingConfig, fn: str = "train") -> tuple[Path | Non
         raise ValueError(f"{fn}: resume=True but {str(ckpt)!r} holds no checkpoint"
                          + (" (the run died before its first one: delete the folder and start again)"
                             if has_run else ""))
+    if config.resume:  # another run's checkpoint is refused here, before any model is loaded or built
+        _check_same_run(checkpoint_metadata(ckpt)["metadata"].get("config"), config, ckpt, fn)
     return metrics, ckpt
 
 # %% ../nbs/42_training.ipynb #6e7f9381
@@ -834,8 +836,7 @@ def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, f
 def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metrics_path: Path, prompts,
              fn: str) -> TrainingState:
     "`state` with the checkpoint's weights, optimizer, step and prompt position; metric rows logged after it dropped."
-    saved = checkpoint_metadata(ckpt_path)
-    _check_same_run(saved["metadata"].get("config"), config, ckpt_path, fn)
+    saved = checkpoint_metadata(ckpt_path)  # the same run's: `_output_paths` checked
     if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
     loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
     state = loaded._replace(ref_model=state.ref_model, teacher=state.teacher,  # neither is in a checkpoint

@@ -47,6 +47,7 @@ def test_clip_higher_and_kl_by_hand(hand):
     assert (loss.item(), m["kl/mean"], m["loss/kl"]) == pytest.approx((0.23, 0.1, 0.01), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_on_policy_gradient_is_policy_gradient(hand):
     lp = hand["logprobs"].clone().requires_grad_()
     A, mask = hand["advantages"], hand["loss_mask"]
@@ -197,6 +198,7 @@ def test_configs_are_fresh_and_schedules():
         get_algorithm_config(0, sched, lambda it: "grpo")
 
 
+@pytest.mark.slow
 def test_training_toy_learns():
     "GRPO through the registry raises the reward of a 1-position, 4-token bandit policy."
     torch.manual_seed(0)

@@ -120,6 +120,7 @@ def test_bad_input(fn, exc, contains, tmp_path, monkeypatch):
 
 
 # --- what is still accepted -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_limits_themselves_are_accepted():
     c = cfg(prompts_per_step=4096, group_size=16, eval_every=5, eval_size=10_000, seed=2**64 - 1, overlong_buffer=3)
     assert (c.prompts_per_step * c.group_size, c.eval_size, c.overlong_buffer) == (65_536, 10_000, 3)
@@ -212,6 +213,7 @@ def test_warns_once_per_call_site():
 
 
 # --- 3. the command line refuses a bad model name before a kernel starts ----------------------------------------------
+@pytest.mark.slow
 def test_rlnb_run_refuses_a_control_character_in_model(tmp_path):
     out = tmp_path / "o"
     r = subprocess.run([sys.executable, "-m", "rlnb.cli", "run", str(ROOT / "nbs/experiments/grpo_training.ipynb"),

@@ -176,5 +176,6 @@ def test_progress_logger_prints_first_every_tenth_and_last():
     for it in range(1, 51):
         log(TrainingState(it, it, None, None), TrainingStats(-0.01, 1, 1e-4, 0.001, 0.3, 0.1,
             {"reward/mean": 0.3, "kl/mean": 0.001, "loss/policy": -0.01, "time/step_s": 0.5}))
-    assert [l[:7] for l in lines] == [f"[{i:>2}/50 " for i in (1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50)]
-    assert lines[0] == "[ 1/50   2%] reward 0.30  acc 0.25  kl 0.0010  loss -0.010  0.50 s/it  eta 24 s"
+    assert [l[:7] for l in lines] == [f"[{i:>2}/50 " for i in (0, 1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50)]
+    assert lines[0].startswith("[ 0/50   0%] acc 0.25  (the starting model, evaluated in ")  # at once: no silence
+    assert lines[1] == "[ 1/50   2%] reward 0.30  kl 0.0010  loss -0.010  0.50 s/it  eta 24 s"  # acc shown once

@@ -224,6 +224,7 @@ def test_attach_keeps_a_states_teacher(tiny):
     assert attach_teacher(state, tok, None, create_algorithm_config("opd")).teacher is model
 
 
+@pytest.mark.slow
 def test_checkpoint_and_resume_with_a_teacher(tiny, tmp_path):
     teacher = perturbed(load_tiny_model(progress=False)[0], 0.02)
     out = str(tmp_path / "run")

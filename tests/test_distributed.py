@@ -119,6 +119,7 @@ def _update_worker(rank, world, port, out):
     finally: close_distributed()
 
 
+@pytest.mark.slow
 def test_two_processes_take_the_single_process_update_and_refuse_bad_launches(tmp_path):
     out = tmp_path / "ranks.pt"
     mp.spawn(_update_worker, args=(WORLD, free_port(), str(out)), nprocs=WORLD)
@@ -358,6 +359,7 @@ def _fsdp_worker(rank, world, out):
     if rank == 0: torch.save(results, out)
 
 
+@pytest.mark.slow
 def test_fsdp_takes_the_single_process_update(tmp_path):
     "Two ranks sharding the policy (FSDP2) take the update one process takes on the whole batch: full fine-tuning."
     out = tmp_path / "fsdp.pt"

@@ -208,6 +208,7 @@ def test_pair_losses_refuse_the_options(option):
         train(create_training_config(**SMALL, algorithm="dpo", **option), progress=False)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_adaptive_weight_exactly(tmp_path):
     cfg = {**SMALL, "num_iterations": 4, "entropy_target": 5.0, "entropy_coef_step": 1e-3}
     full = train(create_training_config(**cfg, output_dir=str(tmp_path / "a")), progress=False)

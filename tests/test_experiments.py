@@ -97,6 +97,7 @@ def test_a_kernel_that_dies_before_starting_is_started_again_and_a_notebook_erro
     assert (cell.status, cell.error, len(calls)) == ("failed", "OSError: [Errno 98] Address already in use", 5)
 
 
+@pytest.mark.slow
 def test_a_runs_kernel_listens_on_unix_sockets_not_tcp_ports(tmp_path):
     "Over TCP two kernels starting at once can race for a port; a run's ipykernel kernel uses Unix sockets."
     body = ("import json\nfrom pathlib import Path\nfrom ipykernel.kernelapp import IPKernelApp\n"

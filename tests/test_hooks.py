@@ -29,6 +29,7 @@ def test_reward_fn():
     assert all(r["reward/mean"] == pytest.approx(0.7) for r in rows)
 
 
+@pytest.mark.slow
 def test_prompt_loader_and_prompts():
     seen = []
     reward = lambda r: seen.append(r.metadata["question"]) or 0.0
@@ -51,6 +52,7 @@ def test_generator():
     assert texts and set(texts) == {"42"}
 
 
+@pytest.mark.slow
 def test_template_fn_and_system_prompt():
     prompts = []
     template = lambda conv, tok: "Q: " + conv.messages[-1].content + " A:"

@@ -288,6 +288,7 @@ def test_clear_errors(tiny):
     with pytest.raises(ValueError, match="match no module"): apply_lora(copy.deepcopy(model), target_modules=["nope"])
 
 
+@pytest.mark.slow
 def test_tools_never_eval_and_time_out():
     calls = extract_tool_calls('<tool_call>{"name": "sleep", "arguments": {}}</tool_call>'
                                '<tool_call>__import__("os").system("x")</tool_call>')

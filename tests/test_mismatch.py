@@ -282,6 +282,7 @@ def test_public_names_from_the_top_level():
         assert hasattr(rlnb, name), name
 
 
+@pytest.mark.slow
 def test_train_measures_and_corrects_the_mismatch():
     "`generator='hf_bf16'` logs mismatch/* every step; a correction changes the update; its knobs are checked."
     from rlnb import create_training_config, train

@@ -71,6 +71,7 @@ def test_bf16_runs_the_updates_matrix_products_in_bf16(setting):
     assert sum(counts["bf16"].values()) == total and counts["bf16"][torch.bfloat16] >= 0.9 * total, counts["bf16"]
 
 
+@pytest.mark.slow
 def test_micro_batched_bf16_gradients_equal_the_full_batch_ones(setting):
     """Gradient accumulation is exact up to one bf16 rounding of each micro-batch's weight gradient.
 
@@ -105,6 +106,7 @@ def test_weights_gradients_and_optimizer_state_stay_float32(setting):
         if name == "ppo": assert {p.dtype for p in state.value_head.parameters()} == {torch.float32}
 
 
+@pytest.mark.slow
 def test_train_reads_mixed_precision_from_the_config(monkeypatch):
     "`train` autocasts its update's products (sampling stays float32), and loads float32 weights for 'auto'."
     dtypes = []
@@ -146,7 +148,8 @@ def test_logprobs_stay_float32_under_autocast(setting):
     assert 0 < float(gap.mean()) < 0.05, float(gap.mean())
 
 
-def test_grpo_learns_a_learnable_reward_under_bf16():  # ~4 s
+@pytest.mark.slow
+def test_grpo_learns_a_learnable_reward_under_bf16():
     "tests/learnable.py's reward ('starts with 1'), with the update in bf16: the mean reward climbs as in float32."
     state, tok = lora_policy(lr=3e-3)
     rows, _ = learnable_run(state, tok, mixed_precision="bf16")

@@ -14,6 +14,7 @@ def lora_weights(state):
     return [p.detach().clone() for p in state.model.parameters() if p.requires_grad]
 
 
+@pytest.mark.slow
 def test_batches_are_one_step_stale_and_the_lag_is_measured():
     rows = []
     train(create_training_config(**BASE), logger=lambda s, st: rows.append(st.custom_metrics), progress=False)
@@ -23,6 +24,7 @@ def test_batches_are_one_step_stale_and_the_lag_is_measured():
     assert all("time/sampling_s" in r for r in rows)
 
 
+@pytest.mark.slow
 def test_resume_is_exact_with_a_batch_in_flight(tmp_path):
     "A checkpoint keeps the batch being sampled; the resumed run trains on it first and ends with the same weights."
     whole = train(create_training_config(**BASE, output_dir=str(tmp_path / "whole"), checkpoint_every=2),

@@ -324,6 +324,7 @@ def test_each_key_runs_by_name_in_train(name):
     assert all(math.isfinite(m["loss/policy"]) and "clip/ratio" in m for m in seen)
 
 
+@pytest.mark.slow
 def test_switching_from_grpo_to_each_key_mid_run():
     names = ["grpo", *KEYS]
     seen = []

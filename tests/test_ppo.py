@@ -102,6 +102,7 @@ def test_switching_grpo_to_ppo_creates_the_value_head_and_back():
     assert len(state.optimizer.param_groups) == 2 and state.value_head.weight.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_ppo_checkpoint_holds_the_value_head_and_resume_is_exact(tmp_path):
     """A GRPO -> PPO run stopped after 3 iterations and resumed to 5 ends with the same adapters and value head as a run
     of 5."""

@@ -32,6 +32,7 @@ def smol():
     return load_model("smollm2").eval(), load_tokenizer("smollm2")
 
 
+@pytest.mark.slow
 def test_smollm2_loads_from_the_cached_conversion(smol):
     model, tok = smol
     assert type(model).__name__ == "LlamaForCausalLM" and sum(p.numel() for p in model.parameters()) == 134_515_008

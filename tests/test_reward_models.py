@@ -151,6 +151,7 @@ def test_rollout_pairs_label_a_run_by_its_checker():
     with pytest.raises(TypeError, match="`check`"): make_rollout_pairs(hand, "exact")
 
 
+@pytest.mark.slow
 def test_tiny_reward_model_cache_cold_then_warm(tmp_path, monkeypatch):
     recipe = dict(steps=3, n_pairs=48, eval_pairs=8)
     model, tok = load_tiny_reward_model(cache_dir=tmp_path, progress=False, **recipe)

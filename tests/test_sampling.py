@@ -164,6 +164,7 @@ def test_prompt_source_and_bad_arguments():
         create_filtered_rollout_fn(lambda *a: [], nonzero_std_filter)(None, None, ["p"], CFG)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_in_a_training_run():
     "`train` takes the wrapped rollout_fn as it is; its sampling counts reach the logged metrics."
     from rlnb.training import train

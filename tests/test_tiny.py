@@ -59,6 +59,7 @@ def test_model_save_load_round_trip(tmp_path):
     assert (tok2.pad_token_id, tok2.eos_token_id, tok2.padding_side) == (tok.pad_token_id, tok.eos_token_id, "left")
 
 
+@pytest.mark.slow
 def test_load_tiny_model_cold_then_warm(tmp_path, monkeypatch):
     monkeypatch.setenv("RLNB_CACHE", str(tmp_path))
     model, tok = load_tiny_model(**FAST)
@@ -145,6 +146,7 @@ def test_concurrent_first_calls_in_threads(tmp_path):
     for a, b in zip(results[0][0].parameters(), results[1][0].parameters()): assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_cold_start_leaves_the_callers_random_state_alone(tmp_path):
     "Training seeds the RNGs; a cold start must still leave the caller's random streams where a warm start leaves them."
     import random

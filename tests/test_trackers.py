@@ -26,6 +26,7 @@ def step(iteration, **metrics):
     return TrainingState(iteration, iteration, None, None), TrainingStats(0.0, 1.0, 1e-3, 0.0, 0.0, 0.0, metrics)
 
 
+@pytest.mark.slow
 def test_log_to_wandb_writes_each_metric_at_its_step(offline, tmp_path):
     offline(*step(0, **{"eval/accuracy": 0.25}))
     for it in range(1, 6):

@@ -72,6 +72,7 @@ def test_nan_loss_stops_the_step_before_the_weights():
     assert all(torch.equal(p, before[n]) for n, p in state.model.named_parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_step_count_and_the_log_without_duplicates(tmp_path, capsys):
     cfg = create_training_config(**SMALL, output_dir=str(tmp_path), checkpoint_every=1)
     state = train(cfg, progress=False)
@@ -88,6 +89,7 @@ def test_resume_continues_the_step_count_and_the_log_without_duplicates(tmp_path
     assert df["iteration"].tolist() == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tmp_path):
     """A run of 4 stopped after 2 iterations (a checkpoint, as at a crash) and resumed ends with the same weights as a
     run of 4."""
@@ -173,6 +175,7 @@ def test_switching_across_algorithms_mid_run():
     assert seen == names and state.global_step == 4
 
 
+@pytest.mark.slow
 def test_a_data_buffer_resumes_the_prompt_stream_exactly(tmp_path):
     """With dynamic sampling drawing extra prompts, a run resumed from iteration 2 draws the prompts (and ends with the
     weights) of a run of 4."""

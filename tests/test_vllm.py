@@ -25,6 +25,7 @@ needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here
 PROMPTS = ["12+34=", "5+77=", "40+41=", "9+9="]
 
 
+@pytest.mark.slow
 def test_import_error_names_the_install_command():
     "Without vLLM, the generator's first use says how to install it; rlnb itself imports either way."
     code = textwrap.dedent("""

@@ -37,6 +37,7 @@ def parts(dash):
 
 # ---------------------------------------------------------------- the dashboard
 
+@pytest.mark.slow
 def test_dashboard_updates_on_every_call_when_unthrottled():
     dash = create_dashboard_logger(every_s=0, max_overhead=1.0, display=False)
     seen = set()
@@ -51,6 +52,7 @@ def test_dashboard_updates_on_every_call_when_unthrottled():
     assert list(reward_line.get_ydata()) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])  # the latest records are drawn
 
 
+@pytest.mark.slow
 def test_dashboard_throttles_to_the_first_and_last_pictures():
     dash = create_dashboard_logger(every_s=1e9, display=False)
     for it in range(1, 21): dash(*step(it, total=20))

@@ -13,14 +13,6 @@ from nbdev.config import get_config
 from nbdev.test import test_nb
 
 
-def run_one(path: Path, flags: list[str]) -> tuple[bool, float]:
-    "(passed, seconds) for one notebook, run from its own folder like nbdev-test."
-    cfg = get_config()
-    skip = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
-    return test_nb(path, skip_flags=skip, force_flags=flags, basepath=cfg.config_path,
-                   cell_timeout=int(cfg.cell_timeout) or None)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="*", type=Path)
@@ -28,11 +20,15 @@ def main() -> int:
     ap.add_argument("--flags", default="", help="space-separated nbdev flags to run too, e.g. 'slow'")
     ap.add_argument("--summary", type=Path, help="also write the summary line to this file")
     args = ap.parse_args()
-    root = Path(get_config().nbs_path)
-    paths = args.notebooks or sorted(p for p in root.glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    cfg = get_config()
+    paths = args.notebooks or sorted(p for p in Path(cfg.nbs_path).glob("*.ipynb") if not p.name.startswith(("_", ".")))
+    skip = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
+    options = dict(skip_flags=skip, force_flags=args.flags.split(), basepath=cfg.config_path,
+                   cell_timeout=int(cfg.cell_timeout) or None)
     start, results = time.time(), {}
+    # nbdev's own function, importable by the workers (a notebook run replaces a worker's __main__: not ours to pickle)
     with ProcessPoolExecutor(max(1, args.workers)) as pool:
-        jobs = {pool.submit(run_one, p.resolve(), args.flags.split()): p for p in paths}
+        jobs = {pool.submit(test_nb, p.resolve(), **options): p for p in paths}
         for job in as_completed(jobs):
             path = jobs[job]
             try: passed, seconds = job.result()
