@@ -53,8 +53,8 @@ def run(threads: str, policy: str, iterations: int, timeout: float) -> dict:
         except subprocess.TimeoutExpired: return dict(seconds=time.time() - t0, s_per_it=None, error="timeout")
         rows = [json.loads(line) for line in open(Path(out) / "metrics.jsonl")] if done.returncode == 0 else []
         steps = [r["time/step_s"] for r in rows if "time/step_s" in r]
-        return dict(seconds=round(time.time() - t0, 1), s_per_it=statistics.median(steps[1:]) if len(steps) > 1 else None,
-                    steps=steps, threads_used=rows[0].get("threads") if rows else None,
+        median = statistics.median(steps[1:]) if len(steps) > 1 else None
+        return dict(seconds=round(time.time() - t0, 1), s_per_it=median, steps=steps,
                     error=None if done.returncode == 0 else done.stderr[-500:])
 
 

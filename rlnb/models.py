@@ -149,7 +149,7 @@ def load_model(
     # custom loader `config -> model`; None = MODEL_LOADERS or transformers
     model_loader: Callable[[ModelConfig], nn.Module] | None = None,
 ) -> nn.Module:
-    "A causal LM (loader, registry or transformers), placed, checkpointing and LoRA as asked; tokenizer: load_tokenizer."
+    "A causal LM (from a loader, the registry or transformers) placed, with LoRA if asked; tokenizer: load_tokenizer."
     if config is None: config = ModelConfig()
     if isinstance(config, str): config = ModelConfig(model_name_or_path=config)
     if not isinstance(config, ModelConfig):

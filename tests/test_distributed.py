@@ -57,8 +57,8 @@ LR = 1e-2  # the learning rate of the updates compared below
 
 def assert_same_first_adamw_step(after2: dict, after1: dict, grads1: dict, label: str):
     "Weights after one AdamW step from the same start, on gradients equal to rounding: the same step, by name."
-    # AdamW's first step moves each weight by lr * g / (|g| + eps), about lr * sign(g): an entry whose gradient is within
-    # rounding of 0 may step either way in two sums of the same terms (up to 2 lr apart); the others step alike.
+    # AdamW's first step moves each weight by lr * g / (|g| + eps), about lr * sign(g): an entry whose gradient is
+    # within rounding of 0 may step either way in two sums of the same terms (up to 2 lr apart); the others alike.
     assert after1.keys() == after2.keys(), label
     for key in after1:  # (a weight without a gradient only decays: alike in both)
         settled = grads1[key].abs() > 1e-5 if key in grads1 else torch.ones_like(after1[key], dtype=torch.bool)

@@ -176,7 +176,8 @@ def test_default_model_is_shipped_and_partially_competent():
     assert folder.parent == SHIPPED_DIR and folder.name == tiny_cache_path().name
     task = get_task("addition")
     summary = json.loads((folder / SUMMARY_FILE).read_text())
-    held_out = task.sample(summary["sft_config"]["eval_size"], seed=summary["sft_config"]["eval_seed"])  # not trained on
+    sft = summary["sft_config"]
+    held_out = task.sample(sft["eval_size"], seed=sft["eval_seed"])  # never trained on
     acc = evaluate_accuracy(model, tok, held_out, task.check)
     assert 0.2 <= acc <= 0.6, acc
     assert acc == pytest.approx(summary["accuracy"], abs=0.01)  # a near-tie may break the other way on another CPU

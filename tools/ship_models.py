@@ -4,9 +4,10 @@
     python tools/ship_models.py --rebuild  # builds every one again
 
 The default tiny model (chapter 46: `load_tiny_model()`'s recipe), then the two made from it: the tool-use model
-(chapter 53: `load_tool_use_model()`) and the tiny reward model (chapter 26: `load_tiny_reward_model()`). Each is built in a temporary cache and moved into rlnb/weights/
-under its cache name, which `rlnb.cache.shipped_or_cached` looks up. Change a recipe and its name changes: the old
-folder is removed, the new one built. One torch thread, as the recipes were measured."""
+(chapter 53: `load_tool_use_model()`) and the tiny reward model (chapter 26: `load_tiny_reward_model()`). Each is
+built in a temporary cache and moved into rlnb/weights/ under its cache name, which `rlnb.cache.shipped_or_cached`
+looks up. Change a recipe and its name changes: the old folder is removed, the new one built. One torch thread, as
+the recipes were measured."""
 import argparse, os, shutil, sys, tempfile, time
 from pathlib import Path
 
