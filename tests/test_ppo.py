@@ -78,9 +78,11 @@ def test_value_clip_by_hand_and_gradient():
 
 @pytest.mark.slow
 def test_ppo_learns_a_learnable_reward_and_its_value_head_learns_too():
-    "The reward of tests/learnable.py climbs; the value head's prediction follows the reward up."
+    """The reward of tests/learnable.py climbs; the value head's prediction follows the reward up. 30 iterations, not
+    the 20 that GRPO needs: the advantages wait for the zero-initialised value head (0.53 -> 0.79 after 20, 0.98 after
+    30, on both AVX2 and AVX-512)."""
     state, tok = lora_policy(lr=3e-3)
-    rows, out = learnable_run(state, tok, algorithm="ppo")
+    rows, out = learnable_run(state, tok, algorithm="ppo", num_iterations=30)
     first, last = first_and_last(rows)
     v_first, v_last = rows[0]["value/mean"], sum(r["value/mean"] for r in rows[-3:]) / 3
     print(f"ppo: reward 'starts with 1' {first:.2f} -> {last:.2f}; mean value {v_first:.2f} -> {v_last:.2f}")

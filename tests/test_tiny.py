@@ -3,6 +3,7 @@ import json, os, subprocess, sys, threading
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import rlnb.tiny as tiny
@@ -187,17 +188,27 @@ def test_default_model_is_shipped_and_partially_competent():
 
 @pytest.mark.slow
 def test_the_shipped_model_is_what_its_recipe_builds(tmp_path):
-    """Rebuilt from its recipe, the default model starts as the shipped one did and ends where it ended, up to how far
-    two CPUs' rounding take one SFT run apart: the first 100 steps' losses agree to 0.1%, the last 100 steps' mean loss
-    to 10%, the held-out accuracy to 0.25 (SFT on sums learns in a jump whose timing rounding moves by tens of
-    steps)."""
+    """Rebuilt from its recipe on the kernels it was built with (the CPU capability its summary records, one thread,
+    the same torch), the default model is the shipped one bit for bit: every SFT loss and every weight. On other
+    kernels the same recipe rounds differently and the run drifts (on AVX-512 its last 100 losses averaged 0.90
+    against the shipped 0.71: SFT on sums learns in a jump whose timing rounding moves), which is why it ships."""
+    shipped = tiny_model_path()
+    summary = json.loads((shipped / SUMMARY_FILE).read_text())
+    built_on = summary["built_on"]
+    if built_on["torch"] != torch.__version__: pytest.skip(f"built with torch {built_on['torch']}")
+    if built_on["cpu"] == "AVX512" and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("built with AVX-512 kernels, which this CPU lacks")
+    isa = built_on["cpu"]  # the same kernels from torch, oneDNN and MKL
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa.lower(), "ONEDNN_MAX_CPU_ISA": isa, "MKL_ENABLE_INSTRUCTIONS": isa,
+           "OMP_NUM_THREADS": str(summary["num_threads"]), "RLNB_NUM_THREADS": str(summary["num_threads"])}
     folder = tmp_path / "rebuilt"
-    load_tiny_model(path=folder, progress=False)  # the default recipe, trained into `folder`
-    shipped, built = (read_tiny_history(f)["loss/sft"].dropna().to_numpy() for f in (tiny_model_path(), folder))
-    assert len(shipped) == len(built) == DEFAULT_SFT_STEPS
-    assert built[:100] == pytest.approx(shipped[:100], rel=1e-3)
-    assert built[-100:].mean() == pytest.approx(shipped[-100:].mean(), rel=0.1)
-    summaries = [json.loads((f / SUMMARY_FILE).read_text()) for f in (tiny_model_path(), folder)]
-    for key in ("task", "task_params", "steps", "seed", "model_config", "sft_config"):
-        assert summaries[0][key] == summaries[1][key], key  # the same recipe
-    assert abs(summaries[0]["accuracy"] - summaries[1]["accuracy"]) <= 0.25, summaries
+    code = f"from rlnb.tiny import load_tiny_model; load_tiny_model(path={str(folder)!r}, progress=False)"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=1200)
+    losses = [read_tiny_history(f)["loss/sft"].dropna().to_numpy() for f in (shipped, folder)]
+    assert len(losses[0]) == DEFAULT_SFT_STEPS and (losses[0] == losses[1]).all()
+    weights = [load_file(f / "model.safetensors") for f in (shipped, folder)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    rebuilt = json.loads((folder / SUMMARY_FILE).read_text())
+    for key in ("task", "task_params", "steps", "seed", "model_config", "sft_config", "accuracy"):
+        assert rebuilt[key] == summary[key], key

@@ -1,12 +1,12 @@
 """Check a built docs site: every `Docs:` link in rlnb's module docstrings, every link in llms.txt, every image and
-every local link of every page must point at a file of the site, and every module must have its API page. Exits 1,
-naming each one missing.
+every local link of every page must point at a file of the site, every module must have its API page, and the index
+(genindex.html) must list every exported name as `name (rlnb.module)`. Exits 1, naming each one missing.
 
     python tools/docs_check.py _docs/_build/html [--pkg rlnb]
 
 The links' common prefix, the site's address (e.g. https://rlnb.github.io/rlnb/), is read from pyproject.toml's
 [project.urls] Documentation and stripped: `Docs: https://rlnb.github.io/rlnb/core.html.md` -> core.html.md."""
-import argparse, re, sys, tomllib
+import argparse, ast, html as html_lib, re, sys, tomllib
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -54,6 +54,19 @@ def doc_links(html: Path, pkg: Path, base: str) -> tuple[int, list[str]]:
     return len(urls), problems
 
 
+def index_missing(html: Path, pkg: Path) -> list[str]:
+    "The names in the modules' `__all__` that the site's index (genindex.html) does not list as `name (pkg.module)`."
+    index = html_lib.unescape((html / "genindex.html").read_text()) if (html / "genindex.html").exists() else ""
+    missing = []
+    for f in sorted(pkg.glob("*.py")):
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+                names = ast.literal_eval(node.value)
+                missing += [f"genindex.html: no entry {n} ({pkg.name}.{f.stem})" for n in names
+                            if f"{n} ({pkg.name}.{f.stem})" not in index]
+    return missing
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("html", type=Path, nargs="?", default=Path("_docs/_build/html"))
@@ -61,7 +74,8 @@ if __name__ == "__main__":
     a = ap.parse_args()
     base = tomllib.loads(Path("pyproject.toml").read_text())["project"]["urls"]["Documentation"].rstrip("/") + "/"
     n, problems = doc_links(a.html, a.pkg, base)
-    problems += site_links(a.html)
+    problems += site_links(a.html) + index_missing(a.html, a.pkg)
     for p in problems: print("docs_check:", p, file=sys.stderr)
-    if problems: sys.exit(f"docs_check: {len(problems)} broken links (above)")
-    print(f"docs_check: {n} Docs:/llms.txt links and every page's images and local links resolve")
+    if problems: sys.exit(f"docs_check: {len(problems)} broken links or missing index entries (above)")
+    print(f"docs_check: {n} Docs:/llms.txt links and every page's images and local links resolve; the index lists "
+          "every exported name")
