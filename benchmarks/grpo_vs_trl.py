@@ -273,7 +273,8 @@ def rlnb_step(ctx: dict, prompts) -> None:
     from rlnb.training import training_iteration
     rss = rss_mark(ctx["track_rss"])  # not in the memory probes: they read the peak over all their steps
     t, c = time.perf_counter(), time.process_time()
-    state, _, stats = training_iteration(ctx["state"], prompts, ctx["tok"], ctx["tcfg"], ctx["rollout_fn"], ctx["algo"])
+    state, _, stats = training_iteration(ctx["state"], prompts, tokenizer=ctx["tok"], config=ctx["tcfg"],
+                                         rollout_fn=ctx["rollout_fn"], algorithm_config=ctx["algo"])
     ctx["step_s"].append(time.perf_counter() - t); ctx["cpu_s"].append(time.process_time() - c)
     if rss is not None: ctx["step_rss"].append(rss_read(rss))
     m = stats.custom_metrics or {}

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/algorithms.html.md"""
 
 # %% ../nbs/30_algorithms.ipynb #19929ad2
 from __future__ import annotations
-import inspect, math
+import importlib, inspect, math
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -19,9 +19,10 @@ from .core import Batch, CollatedBatch, Rollout, collate, group_stats, set_seed
 from .kl import KL_ESTIMATORS, check_kl_values, kl_k3
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ALGORITHMS', 'compute_grpo_advantages', 'compute_advantages', 'clipped_surrogate_objective',
-           'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means', 'policy_and_kl_losses', 'grpo_loss',
-           'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec', 'create_algorithm_config',
+__all__ = ['AGGREGATIONS', 'ALGORITHMS', 'BUILTIN_ALGORITHM_MODULES', 'CORRECTION_LEVELS', 'compute_grpo_advantages',
+           'compute_advantages', 'clipped_surrogate_objective', 'aggregate_loss', 'advantages_2d', 'token_kl',
+           'masked_means', 'policy_and_kl_losses', 'grpo_loss', 'compute_grpo_loss', 'compute_policy_gradient_loss',
+           'AlgorithmSpec', 'find_algorithm', 'check_algorithm_spec', 'register_algorithm', 'create_algorithm_config',
            'create_grpo_config', 'batch_fields_for', 'compute_batch_advantages', 'compute_loss_by_algorithm',
            'get_algorithm_config', 'toy_run']
 
@@ -297,7 +298,7 @@ def compute_policy_gradient_loss(
 
 # %% ../nbs/30_algorithms.ipynb #a38aa038
 class AlgorithmSpec(NamedTuple):
-    "What makes an algorithm: its advantage function, its policy loss and its default knobs."
+    "Everything a training run needs to know about an algorithm: the loop reads these fields and nothing else."
     advantage_fn: Callable  # (rewards (B,), group_ids (B,), **knobs) -> advantages (B,) or (B, C)
     # (logprobs, old_logprobs, advantages, loss_mask, ref_logprobs=None, **knobs) -> (loss, metrics)
     policy_loss: Callable
@@ -305,9 +306,22 @@ class AlgorithmSpec(NamedTuple):
     group_relative: bool = True  # its baseline is the group: it needs at least 2 completions per prompt
     whole_groups: bool = False  # its loss pairs rollouts of a group (DPO): a micro-batch must not split a group
     run_defaults: Mapping[str, Any] = MappingProxyType({})  # run-level knobs it expects, e.g. DAPO's dynamic sampling
-    value_head: bool = False  # it learns a value function (PPO): the run keeps a value head, fills the batch's values
+    value_head: bool = False  # it learns a value function (PPO): the loop computes values with state.value_head
     loss_units: Callable | None = None  # (batch, config) -> (B,): what its loss averages over, per row (DPO: pairs);
     # None: the aggregation's tokens or rows. Micro-batches are weighted by it, so that they add up exactly
+    # how a sampler/trainer correction enters its loss: "token" (weights multiply its (B, C) advantages), "sequence"
+    # (one weight per row on (B,) advantages: GSPO, GMPO) or None (it has no advantage to weight: DPO; refused)
+    correction_level: str | None = "token"
+    needs_old_logprobs: bool = False  # its advantage_fn reads the sampling policy's log-probs (opd, Clip-Cov)
+    needs_teacher: bool = False  # it learns from a teacher's log-probs (opd): a run without a teacher is refused
+    vector_rewards: bool = False  # its advantage_fn takes (B, K) rewards as they are (GDPO), not one per rollout
+    prepare_state: Callable | None = None  # state -> state, before each of its steps (PPO: adds the value head)
+    # (rollout_fn, reward_fn, generator, template_fn, tool_parser, system_prompt) -> rollout_fn: what it adds to
+    # each sampled batch (ReMax: the greedy completion's reward as baseline); applied to train's default rollout_fn
+    rollout_wrapper: Callable | None = None
+    # (state, batch, algorithm_config) -> batch, without grad, after the old, reference and teacher log-probs and
+    # before the advantages: batch fields it computes itself (e.g. a per-token signal from another model)
+    prepare_batch: Callable | None = None
 
 
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
@@ -319,13 +333,75 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: config
                              MappingProxyType({**_GRPO_DEFAULTS, "scale": "none", "aggregation": "constant"})),
 }
 
+# %% ../nbs/30_algorithms.ipynb #a73d9cf2
+# the chapters that register the rest of the catalogue: imported when a name is first looked up, so that every
+# built-in name is known however rlnb was imported (a user's algorithm needs no module: register_algorithm)
+BUILTIN_ALGORITHM_MODULES = ("rlnb.catalogue", "rlnb.dpo", "rlnb.ppo", "rlnb.policy_losses", "rlnb.baselines",
+                             "rlnb.passk", "rlnb.distillation")
+
+
+def find_algorithm(
+    name: str,  # a registered name
+) -> AlgorithmSpec | None:  # its spec, or None when no algorithm has that name
+    "The spec registered as `name`; the built-in catalogue is loaded the first time a name is missing."
+    if name not in ALGORITHMS:
+        for module in BUILTIN_ALGORITHM_MODULES: importlib.import_module(module)
+    return ALGORITHMS.get(name)
+
+
+# %% ../nbs/30_algorithms.ipynb #e091590d
+_SPEC_HOOKS = ("loss_units", "prepare_state", "rollout_wrapper", "prepare_batch")
+_SPEC_FLAGS = ("group_relative", "whole_groups", "value_head", "needs_old_logprobs", "needs_teacher", "vector_rewards")
+CORRECTION_LEVELS = ("token", "sequence", None)
+
+
+def check_algorithm_spec(
+    spec: AlgorithmSpec,  # the spec to check
+    fn: str = "check_algorithm_spec",  # the caller's name, for messages
+) -> AlgorithmSpec:  # the spec, its defaults and run defaults as read-only copies
+    "An AlgorithmSpec whose fields are of the kinds documented beside them, or an error naming the field."
+    if not isinstance(spec, AlgorithmSpec):
+        raise TypeError(f"{fn}: expected an AlgorithmSpec, got a {type(spec).__name__}")
+    for name in ("advantage_fn", "policy_loss", *_SPEC_HOOKS):
+        value = getattr(spec, name)
+        if not callable(value) and not (value is None and name in _SPEC_HOOKS):
+            raise TypeError(f"{fn}: `{name}` must be a function, got {value!r}")
+    for name in ("default_config", "run_defaults"):
+        if not isinstance(getattr(spec, name), Mapping):
+            raise TypeError(f"{fn}: `{name}` must be a dict of knob -> default, got {getattr(spec, name)!r}")
+    if "name" in spec.default_config:
+        raise ValueError(f"{fn}: `default_config` may not have a 'name' knob: the config's 'name' is the algorithm's")
+    for name in _SPEC_FLAGS:
+        if not isinstance(getattr(spec, name), bool):
+            raise TypeError(f"{fn}: `{name}` must be True or False, got {getattr(spec, name)!r}")
+    if spec.correction_level not in CORRECTION_LEVELS:
+        raise ValueError(f"{fn}: `correction_level`={spec.correction_level!r}, expected one of {CORRECTION_LEVELS}")
+    if spec.value_head and spec.prepare_state is None:
+        raise ValueError(f"{fn}: `value_head`=True needs a `prepare_state` that gives the run its value head "
+                         "(e.g. rlnb.ppo.add_value_head)")
+    return spec._replace(default_config=MappingProxyType(dict(spec.default_config)),
+                         run_defaults=MappingProxyType(dict(spec.run_defaults)))
+
+
+def register_algorithm(
+    name: str,  # the name runs use: create_algorithm_config(name), TrainingConfig(algorithm=name), -p algorithm name
+    spec: AlgorithmSpec,  # everything the loop needs to know about it
+) -> AlgorithmSpec:  # the spec as registered (checked; read-only defaults)
+    "Make `spec` an algorithm every path runs by `name`: micro-batches, corrections, off-policy, processes, resume."
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise ValueError(f"register_algorithm: `name` must be a non-blank str without surrounding spaces, got {name!r}")
+    ALGORITHMS[name] = check_algorithm_spec(spec, f"register_algorithm({name!r})")
+    return ALGORITHMS[name]
+
+
 # %% ../nbs/30_algorithms.ipynb #54267902
 def _spec(fn: str, name) -> AlgorithmSpec:
     "The registered spec for `name`, or an error listing the known names."
-    if name not in ALGORITHMS:
+    spec = find_algorithm(name)
+    if spec is None:
         raise ValueError(f"{fn}: unknown algorithm {name!r}; known: {sorted(ALGORITHMS)} "
-                         "(add one with ALGORITHMS[name] = AlgorithmSpec(...))")
-    return ALGORITHMS[name]
+                         "(add one with register_algorithm(name, AlgorithmSpec(...)))")
+    return spec
 
 
 def create_algorithm_config(
@@ -496,7 +572,8 @@ def toy_run(
     values = torch.zeros(T, requires_grad=True)  # (T,) value per position, used when the algorithm has a value head
     opt = torch.optim.Adam([logits, values], lr=lr)
     cfg = {"max_new_tokens": T, **algorithm_config}
-    value_head = ALGORITHMS[cfg["name"]].value_head if cfg.get("name") in ALGORITHMS else False
+    spec = find_algorithm(cfg.get("name"))
+    value_head = spec is not None and spec.value_head
     history = []
     for step in range(steps):
         batch = _toy_batch(logits, n_prompts, G)

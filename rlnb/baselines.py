@@ -17,7 +17,6 @@ from .checks import check_finite_number, resolve_group_ids, rewards_1d
 from .core import Batch, GenerationConfig, group_stats
 from .algorithms import ALGORITHMS, AlgorithmSpec, compute_grpo_advantages, grpo_loss
 from .catalogue import compute_reinforce_pp_advantages
-from .mismatch import ROLLOUT_CORRECTION_LEVELS
 from .rollouts import create_batch_rollouts
 
 # %% auto #0
@@ -46,7 +45,6 @@ _LOSS_DEFAULTS = dict(clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="s
                       max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)  # grpo_loss's knobs
 
 ALGORITHMS["maxrl"] = AlgorithmSpec(compute_maxrl_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)))
-ROLLOUT_CORRECTION_LEVELS["maxrl"] = "token"  # grpo_loss weighs each token by its advantage: a correction can enter
 
 # %% ../nbs/37_baselines.ipynb #b3ca241d
 def _reward_components(fn: str, rewards) -> Tensor:
@@ -85,8 +83,7 @@ def compute_gdpo_advantages(
 # %% ../nbs/37_baselines.ipynb #aad619f5
 ALGORITHMS["gdpo"] = AlgorithmSpec(compute_gdpo_advantages, grpo_loss,
                                    MappingProxyType(dict(weights=None, eps=1e-4, **_LOSS_DEFAULTS)),
-                                   run_defaults=MappingProxyType({"vector_rewards": True}))
-ROLLOUT_CORRECTION_LEVELS["gdpo"] = "token"
+                                   vector_rewards=True)
 
 # %% ../nbs/37_baselines.ipynb #46531cb0
 def compute_remax_advantages(
@@ -106,11 +103,6 @@ def compute_remax_advantages(
     if b.shape != r.shape:
         raise ValueError(f"{fn}: `baseline_rewards` has shape {tuple(b.shape)}, expected {tuple(r.shape)}")
     return r - b
-
-# %% ../nbs/37_baselines.ipynb #6ee57ebd
-ALGORITHMS["remax"] = AlgorithmSpec(compute_remax_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)),
-                                    group_relative=False, run_defaults=MappingProxyType({"greedy_baseline": True}))
-ROLLOUT_CORRECTION_LEVELS["remax"] = "token"
 
 # %% ../nbs/37_baselines.ipynb #344a85fb
 def _greedy_rewards(model, tokenizer, prompts: list, config, reward_fn, generator, template_fn, tool_parser,
@@ -158,3 +150,7 @@ def create_greedy_baseline_rollout_fn(
                  "time/greedy_baseline_s": time.perf_counter() - t0}
         return Batch(rollouts, {**(batch.batch_metadata or {}), **stats})
     return greedy_baseline_rollout_fn
+
+# %% ../nbs/37_baselines.ipynb #6ee57ebd
+ALGORITHMS["remax"] = AlgorithmSpec(compute_remax_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)),
+                                    group_relative=False, rollout_wrapper=create_greedy_baseline_rollout_fn)

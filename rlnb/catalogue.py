@@ -202,7 +202,7 @@ def gspo_loss(
 # %% ../nbs/31_catalogue.ipynb #1927db27
 ALGORITHMS["gspo"] = AlgorithmSpec(compute_grpo_advantages, gspo_loss, MappingProxyType(dict(
     scale="group", eps=1e-4, clip_eps=3e-4, clip_eps_high=4e-4, beta=0.0, aggregation="sequence_mean",
-    max_completion_length=None, kl_fn=None)))
+    max_completion_length=None, kl_fn=None)), correction_level="sequence")  # one advantage and ratio per sequence
 
 # %% ../nbs/31_catalogue.ipynb #3950e868
 def compute_reinforce_pp_advantages(

@@ -6,7 +6,6 @@ Docs: https://rlnb.github.io/rlnb/distillation.html.md"""
 
 # %% ../nbs/39_distillation.ipynb #33056af1
 from __future__ import annotations
-import inspect
 from types import MappingProxyType
 from typing import Mapping
 
@@ -16,8 +15,7 @@ from torch import Tensor, nn
 from .checks import check_2d, check_finite, check_finite_number
 from .core import ModelConfig, TrainingState, model_device
 from .models import load_model, load_tokenizer
-from .algorithms import ALGORITHMS, AlgorithmSpec, grpo_loss, masked_means
-from .mismatch import ROLLOUT_CORRECTION_LEVELS
+from .algorithms import ALGORITHMS, AlgorithmSpec, find_algorithm, grpo_loss, masked_means
 
 # %% auto #0
 __all__ = ['distillation_advantages', 'opd_advantages', 'teacher_metrics', 'check_same_tokenizer', 'check_teacher_model',
@@ -64,8 +62,8 @@ def opd_advantages(
 
 ALGORITHMS["opd"] = AlgorithmSpec(opd_advantages, grpo_loss, MappingProxyType(dict(
     teacher_coef=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
-    max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False)
-ROLLOUT_CORRECTION_LEVELS["opd"] = "token"  # a per-token advantage: the sampler corrections weight it
+    max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False,
+    needs_old_logprobs=True, needs_teacher=True)  # the teacher's signal is measured against the sampling policy
 
 # %% ../nbs/39_distillation.ipynb #a4be4062
 def teacher_metrics(
@@ -132,13 +130,6 @@ def load_teacher(
     return load_model(ModelConfig(name, dtype=dtype)).eval()
 
 
-def _reads_teacher(algorithm_config) -> bool:
-    "Whether the registered algorithm of `algorithm_config` (a dict with a name) takes the teacher's log-probs."
-    spec = ALGORITHMS.get(algorithm_config.get("name")) if isinstance(algorithm_config, Mapping) else None
-    return spec is not None and any("teacher_logprobs" in inspect.signature(f).parameters
-                                    for f in (spec.advantage_fn, spec.policy_loss))
-
-
 def attach_teacher(
     state: TrainingState,  # the run's state; state.model is the student
     tokenizer,  # the student's tokenizer
@@ -151,7 +142,8 @@ def attach_teacher(
     if isinstance(teacher, str): teacher = load_teacher(teacher, tokenizer, dtype, fn)
     elif teacher is None: teacher = state.teacher
     if teacher is None:
-        if _reads_teacher(algorithm_config):
+        spec = find_algorithm(algorithm_config.get("name")) if isinstance(algorithm_config, Mapping) else None
+        if spec is not None and spec.needs_teacher:
             raise ValueError(f"{fn}: algorithm {algorithm_config['name']!r} learns from a teacher's log-probs, but "
                              "there is no teacher; pass train(..., teacher=model) or TrainingConfig(teacher=name)")
         return state

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .checkpoints import checkpoint_exists, checkpoint_metadata
 from .core import CollatedBatch, TrainingConfig, TrainingStats, is_peft_model, to_jsonable
-from .algorithms import ALGORITHMS, batch_fields_for, compute_batch_advantages
+from .algorithms import batch_fields_for, compute_batch_advantages, find_algorithm
 from .rollouts import split_prompts
 from .training import reward_metrics
 
@@ -256,7 +256,7 @@ def batch_advantages(
     algorithm_config: Mapping,  # {"name": ..., **knobs}: a registered algorithm
 ) -> CollatedBatch:  # `cb` with the advantages (and returns) of its own rows
     "The advantages of the whole batch (every rank's rows), computed once per rank, cut back to this rank's rows."
-    spec = ALGORITHMS[algorithm_config["name"]]
+    spec = find_algorithm(algorithm_config["name"])
     names = ["rewards", "group_ids", *batch_fields_for(spec.advantage_fn, cb, ("rewards", "group_ids", "advantages"))]
     names = [k for k in names if getattr(cb, k) is not None]
     mine = {k: getattr(cb, k).detach().cpu() for k in names}

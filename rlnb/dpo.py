@@ -187,4 +187,4 @@ def dpo_pairs_per_row(batch, config: Mapping) -> Tensor:
 
 ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_loss, MappingProxyType(dict(
     beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True,
-    loss_units=dpo_pairs_per_row)
+    loss_units=dpo_pairs_per_row, correction_level=None)  # its loss compares whole sequences: nothing to weight

@@ -80,12 +80,12 @@ def check_run_params(
     params: Mapping,  # papermill parameters of the training notebook: TrainingConfig fields
 ) -> None:
     "Raise if `params` do not make a valid run config: unknown names, wrong types or ranges, unknown task or algorithm."
-    from rlnb.algorithms import ALGORITHMS
+    from rlnb.algorithms import ALGORITHMS, find_algorithm
     from rlnb.tasks import list_tasks
     config = create_training_config(**params)
     if config.task not in list_tasks():
         raise ValueError(f"check_run_params: `task` must be one of {list_tasks()}, got {config.task!r}")
-    if config.algorithm not in ALGORITHMS:
+    if find_algorithm(config.algorithm) is None:
         raise ValueError(f"check_run_params: `algorithm` must be one of {sorted(ALGORITHMS)}, got {config.algorithm!r}")
 
 # %% ../nbs/60_experiments.ipynb #cccd1b53

@@ -15,12 +15,12 @@ from torch import Tensor
 from .checks import check_2d, check_finite, check_finite_number
 from .core import CollatedBatch, GenerationConfig, is_peft_model
 from .generation import batch_generate
-from .algorithms import ALGORITHMS, advantages_2d, masked_means
+from .algorithms import ALGORITHMS, advantages_2d, find_algorithm, masked_means
 
 # %% auto #0
-__all__ = ['ROLLOUT_CORRECTIONS', 'ROLLOUT_CORRECTION_LEVELS', 'mismatch_metrics', 'sequence_log_ratio', 'tis_token_correction',
-           'tis_seq_correction', 'mis_token_correction', 'mis_seq_correction', 'icepop_correction', 'geo_rs_correction',
-           'no_correction', 'rollout_correction', 'apply_rollout_correction', 'sampler_copy', 'create_hf_generator']
+__all__ = ['ROLLOUT_CORRECTIONS', 'mismatch_metrics', 'sequence_log_ratio', 'tis_token_correction', 'tis_seq_correction',
+           'mis_token_correction', 'mis_seq_correction', 'icepop_correction', 'geo_rs_correction', 'no_correction',
+           'rollout_correction', 'apply_rollout_correction', 'sampler_copy', 'create_hf_generator']
 
 # %% ../nbs/34_mismatch.ipynb #28d83b10
 _LOG_RATIO_BOUND = 20.0  # |log rho| is clamped here before exp (verl's SAFETY_BOUND): e^20 ~ 5e8 cannot overflow
@@ -197,23 +197,14 @@ def rollout_correction(
     return weights.detach(), kept.float(), {**metrics, **dict(zip(names, stats))}
 
 # %% ../nbs/34_mismatch.ipynb #4f4d3a7e
-# algorithm name -> "token" (its loss multiplies a (B, C) advantage into each token's loss), "sequence" (one advantage
-# per row, (B,)), or None (no advantage to weight: the correction is refused). An added algorithm adds its line.
-ROLLOUT_CORRECTION_LEVELS: dict[str, str | None] = {
-    "grpo": "token", "dr_grpo": "token", "dapo": "token", "rloo": "token", "reinforce": "token",
-    "reinforce++": "token", "ppo": "token", "gspo": "sequence", "dpo": None,
-}
-
-
 def _correction_level(fn: str, algorithm_config) -> str:
-    "'token' or 'sequence' for the algorithm named by `algorithm_config` (a config dict or a name), else an error."
+    "'token' or 'sequence': how the algorithm named by `algorithm_config` (a config or a name) takes a correction."
     name = algorithm_config.get("name") if isinstance(algorithm_config, Mapping) else algorithm_config
-    if name not in ROLLOUT_CORRECTION_LEVELS:
-        raise ValueError(f"{fn}: no rollout-correction level for algorithm {name!r}; known: "
-                         f"{sorted(ROLLOUT_CORRECTION_LEVELS)}. Add ROLLOUT_CORRECTION_LEVELS[{name!r}] = 'token' "
-                         "if its loss multiplies a per-token advantage into each token's loss, 'sequence' if it takes "
-                         "one per row, None if it has none")
-    level = ROLLOUT_CORRECTION_LEVELS[name]
+    spec = find_algorithm(name)
+    if spec is None:
+        raise ValueError(f"{fn}: unknown algorithm {name!r}; known: {sorted(ALGORITHMS)} (register it with "
+                         "register_algorithm, whose spec's `correction_level` says how a correction enters its loss)")
+    level = spec.correction_level
     if level is None:
         raise ValueError(f"{fn}: {name!r} has no advantage to weight (its loss compares whole sequences), so "
                          "the sampler/trainer correction cannot enter it; use mode 'none' (metrics only)")

@@ -16,7 +16,6 @@ from torch import Tensor
 from .checks import check_finite_number, resolve_group_ids, rewards_1d
 from .core import GenerationConfig, group_stats
 from .algorithms import ALGORITHMS, AlgorithmSpec, grpo_loss
-from .mismatch import ROLLOUT_CORRECTION_LEVELS
 from .rollouts import create_batch_rollouts, pass_at_k
 
 # %% auto #0
@@ -127,4 +126,3 @@ def compute_passk_advantages(
 ALGORITHMS["grpo_passk"] = AlgorithmSpec(compute_passk_advantages, grpo_loss, MappingProxyType(dict(
     k=4, threshold=1.0, eps=1e-6, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
     max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)))
-ROLLOUT_CORRECTION_LEVELS["grpo_passk"] = "token"  # grpo_loss: a sampler/trainer correction weights each token

@@ -241,7 +241,7 @@ PPO_DEFAULTS = MappingProxyType(dict(
     aggregation="token_mean", max_completion_length=None, log_ratio_clip=None, dual_clip=None))
 
 ALGORITHMS["ppo"] = AlgorithmSpec(compute_ppo_advantages, compute_ppo_loss, PPO_DEFAULTS, group_relative=False,
-                                  value_head=True)
+                                  value_head=True, prepare_state=add_value_head, needs_old_logprobs=True)
 
 
 def create_ppo_config(**kwargs) -> dict:

@@ -24,14 +24,13 @@ from .logprobs import compute_logprobs_for_tokens, precision_context
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
 from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn,
                            split_prompts)
-from .algorithms import ALGORITHMS, compute_batch_advantages, compute_loss_by_algorithm, create_algorithm_config
-from .ppo import add_value_head
+from .algorithms import (ALGORITHMS, AlgorithmSpec, compute_batch_advantages, compute_loss_by_algorithm,
+                             create_algorithm_config, find_algorithm)
 from .distillation import attach_teacher, teacher_metrics
 from .entropy import apply_entropy_controls, entropy_bonus, update_entropy_control
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, no_correction,
                            rollout_correction, sampler_copy, tis_seq_correction, tis_token_correction)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
-from .baselines import create_greedy_baseline_rollout_fn  # ReMax: the greedy sample as baseline
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
                           load_metrics)
 from .cache import folder_lock
@@ -278,9 +277,7 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
     # a correction of the sampler's log-probs (vLLM, a bf16 copy) acts before the micro-batches are cut, after the
     # trainer scores the tokens once more, unless the update's own pass can apply it (TIS, "none": see above)
     rescore = cfg.updates_per_batch > 1 or (cb.rollout_logprobs is not None and not _corrects_in_update(cfg))
-    # an advantage function that reads them (opd: the teacher's signal is measured against the sampling policy;
-    # clip_cov: the covariance of log pi and A picks the tokens)
-    rescore = rescore or (spec is not None and "old_logprobs" in inspect.signature(spec.advantage_fn).parameters)
+    rescore = rescore or (spec is not None and spec.needs_old_logprobs)  # an advantage_fn that reads them (opd)
     with torch.no_grad(), precision_context(cfg.mixed_precision, model_device(model)):  # bf16 autocast, if asked
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
             old, values = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, C, temperature=T,
@@ -295,9 +292,22 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
         if cb.teacher_logprobs is None and state.teacher is not None:  # distillation: the teacher scores the tokens
             cb = cb._replace(teacher_logprobs=get_reference_logprobs(
                 state.teacher, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
+        if spec is not None and spec.prepare_batch is not None:  # fields the algorithm computes itself
+            cb = _prepared_batch(spec.prepare_batch(state, cb, algo), cb)
         if spec is not None and advantages:  # advantages (PPO: and returns), once per batch (several processes: later)
             cb = compute_batch_advantages(cb, algo)
     return cb
+
+
+def _prepared_batch(out, cb: CollatedBatch) -> CollatedBatch:
+    "A spec's `prepare_batch` result: the batch with the same rows and widths, or an error saying what came back."
+    if not isinstance(out, CollatedBatch):
+        raise TypeError(f"training_step: the algorithm's `prepare_batch` returned a {type(out).__name__}; expected "
+                        "the CollatedBatch it was given, with its own fields set (batch._replace(...))")
+    if out.input_ids.shape != cb.input_ids.shape or out.loss_mask.shape != cb.loss_mask.shape:
+        raise ValueError("training_step: the algorithm's `prepare_batch` changed the batch's rows or widths; it may "
+                         "set fields, not add or drop rows or tokens")
+    return out
 
 
 def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -> tuple[CollatedBatch, dict]:
@@ -395,13 +405,14 @@ def training_step(
     state: TrainingState,  # model, optimizer, scheduler, ref_model, counters
     batch: Batch,  # the rollouts to learn from (a Batch or a list of Rollouts)
     algorithm_config: Mapping | Callable,  # from create_algorithm_config, or iteration -> config
-    optimizer_step_fn: Callable | None = None,  # (state, max_grad_norm) -> grad norm; None = default_optimizer_step
+    *,  # the rest by name: two hooks of one kind cannot be swapped by position
     tokenizer=None,  # the policy's tokenizer (pad and EOS ids for collation); required
     config: TrainingConfig | None = None,  # temperature, updates_per_batch, micro_batch_size, max_grad_norm
     # (batch, logprobs, algorithm_config) -> (loss, metrics); None = compute_loss_by_algorithm
     loss_fn: Callable | None = None,
     reward_transform: Callable | None = None,  # (rewards, group_ids, rollouts) -> (B,) rewards, before the advantages
     kl_fn: Callable | None = None,  # (logprobs, ref_logprobs) -> (B, C) per-token KL; None = the algorithm's (k3)
+    optimizer_step_fn: Callable | None = None,  # (state, max_grad_norm) -> grad norm; None = default_optimizer_step
 ) -> tuple[TrainingState, TrainingStats]:
     "Learn from one rollout batch: collate once, shared quantities once, then micro-batched optimizer updates."
     fn = "training_step"
@@ -418,13 +429,12 @@ def training_step(
     step_fn, loss_fn = optimizer_step_fn or default_optimizer_step, loss_fn or compute_loss_by_algorithm
     cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
     raw_rewards = cb.rewards
-    spec = ALGORITHMS.get(algo.get("name"))
-    # 2.; GDPO takes a vector reward as it is
-    cb = _transformed(cb, rollouts, reward_transform, fn, spec is not None and spec.run_defaults.get("vector_rewards"))
+    spec = find_algorithm(algo.get("name"))  # None: an algorithm only a custom loss_fn knows
+    cb = _transformed(cb, rollouts, reward_transform, fn, spec is not None and spec.vector_rewards)  # 2.
     # Dr. GRPO: the budget, not the longest row
     if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:
         algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
-    if spec is not None and spec.value_head: state = add_value_head(state)  # PPO: the first time one runs
+    if spec is not None and spec.prepare_state is not None: state = spec.prepare_state(state)  # PPO: its value head
     head = state.value_head if spec is not None and spec.value_head else None
     dp = _data_parallel()  # several processes: the shared pieces below (None in one process)
     if dp is not None: dp.sync_parameters(state)  # rank 0's weights (and PPO's new head) on every rank
@@ -491,7 +501,8 @@ def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: i
 # %% ../nbs/42_training.ipynb #417bbd95
 def training_iteration(
     state: TrainingState,  # the run so far
-    prompts: Sequence,  # this iteration's prompts: strings, TaskExamples or Conversations
+    prompts: Sequence | None,  # this iteration's prompts: strings, TaskExamples or Conversations (None with `batch`)
+    *,  # the rest by name: two hooks of one kind cannot be swapped by position
     tokenizer,  # the policy's tokenizer
     config: TrainingConfig,  # the run's config (group size, temperature, ... and the step's settings)
     rollout_fn: Callable,  # (model, tokenizer, prompts, config) -> Batch
@@ -515,8 +526,9 @@ def training_iteration(
     empty = len(batch) == 0 if dp is None else dp.any_rank(len(batch) == 0)  # ranks skip together
     if empty: new_state, stats = _skipped_step(state)  # e.g. a filter dropped every group
     else:
-        new_state, stats = training_step(state, batch, algorithm_config, optimizer_step_fn, tokenizer, config, loss_fn,
-                                         reward_transform, kl_fn)
+        new_state, stats = training_step(state, batch, algorithm_config, tokenizer=tokenizer, config=config,
+                                         loss_fn=loss_fn, reward_transform=reward_transform, kl_fn=kl_fn,
+                                         optimizer_step_fn=optimizer_step_fn)
     if ref_model_update_fn is not None and new_state.ref_model is not None:
         new_state = new_state._replace(ref_model=_updated_reference(
             new_state.ref_model, state.model, ref_model_update_fn, new_state.global_step))
@@ -794,9 +806,9 @@ def _first_algorithm(algo: Mapping | Callable, default_loss: bool, fn: str = "tr
     if "name" not in first:
         raise ValueError(f"{fn}: `algorithm_config` has no 'name' ({reprlib.repr(dict(first))}); make it with "
                          f"create_algorithm_config(name, ...), a name from {sorted(ALGORITHMS)}")
-    if default_loss and first["name"] not in ALGORITHMS:
+    if default_loss and find_algorithm(first["name"]) is None:
         raise ValueError(f"{fn}: `algorithm_config` names {first['name']!r}, not one of {sorted(ALGORITHMS)}; "
-                         "register it in ALGORITHMS, or pass your own `loss_fn`")
+                         "register it (register_algorithm), or pass your own `loss_fn`")
     return first
 
 
@@ -806,7 +818,7 @@ def _algorithm(config: TrainingConfig, algorithm_config, loss_fn, fn: str) -> tu
     algo = (algorithm_config if algorithm_config is not None
             else create_algorithm_config(config.algorithm, config.algorithm_options, **beta))
     first = _first_algorithm(algo, loss_fn is None, fn)
-    spec = ALGORITHMS.get(first["name"])
+    spec = find_algorithm(first["name"])
     if spec is not None and spec.group_relative and config.group_size < 2:
         raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is "
                          "compared with the others sampled for its prompt, so a group of one has advantage 0 and "
@@ -834,10 +846,11 @@ def _check_same_run(saved: Mapping | None, config: TrainingConfig, path: Path, f
 
 
 def _resumed(state: TrainingState, config: TrainingConfig, ckpt_path: Path, metrics_path: Path, prompts,
-             fn: str) -> TrainingState:
+             specs: Sequence[AlgorithmSpec], fn: str) -> TrainingState:
     "`state` with the checkpoint's weights, optimizer, step and prompt position; metric rows logged after it dropped."
     saved = checkpoint_metadata(ckpt_path)  # the same run's: `_output_paths` checked
-    if saved["value_head"]: state = add_value_head(state)  # a run that had reached PPO
+    if saved["value_head"]:  # a run that had reached PPO: its spec gives the state a head to load the weights into
+        state = next((s.prepare_state(state) for s in specs if s.value_head), state)
     loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
     state = loaded._replace(ref_model=state.ref_model, teacher=state.teacher,  # neither is in a checkpoint
                             metadata={**(loaded.metadata or {}), "config": config})
@@ -888,16 +901,16 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
     return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
 
 
-def _needs_greedy_baseline(algo: Mapping | Callable, num_iterations: int) -> bool:
-    "Whether any iteration's algorithm asks for a greedy baseline (ReMax): a schedule is read at every iteration."
+def _run_specs(algo: Mapping | Callable, num_iterations: int) -> list[AlgorithmSpec]:
+    "The registered specs of every algorithm the run uses, once each, in order: a schedule is read at every iteration."
     configs = [algo(i) for i in range(num_iterations)] if callable(algo) else [algo]
-    return any(ALGORITHMS[c["name"]].run_defaults.get("greedy_baseline", False) for c in configs
-               if isinstance(c, Mapping) and c.get("name") in ALGORITHMS)
+    specs = [find_algorithm(c.get("name")) for c in configs if isinstance(c, Mapping)]
+    return list({id(s): s for s in specs if s is not None}.values())  # a spec's defaults are dicts: by identity
 
 
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
-                      fn: str, greedy_baseline: bool = False) -> Callable:
-    "The rollout function (yours, or the default from the hooks) with ReMax's greedy pass, overlong penalty, filtering."
+                      fn: str, specs: Sequence[AlgorithmSpec] = ()) -> Callable:
+    "The rollout function (yours, or the default from the hooks) with the specs' wrappers, overlong penalty, filtering."
     rollout_fn = hooks["rollout_fn"]
     run = sampling_settings(config, spec.run_defaults if spec is not None else None)  # dynamic sampling, overlong
     if rollout_fn is None:
@@ -909,9 +922,8 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
         generate = _checked_generator(hooks["generator"] or _config_generator(config), fn)
         template = _checked_template_fn(hooks["template_fn"], fn)
         rollout_fn = create_rollout_fn(reward, generate, template, hooks["tool_parser"], system)
-        if greedy_baseline:  # ReMax: each prompt's greedy completion, scored, as its rollouts' baseline
-            rollout_fn = create_greedy_baseline_rollout_fn(rollout_fn, reward, generate, template,
-                                                           hooks["tool_parser"], system)
+        for wrap in dict.fromkeys(s.rollout_wrapper for s in specs if s.rollout_wrapper is not None):
+            rollout_fn = wrap(rollout_fn, reward, generate, template, hooks["tool_parser"], system)  # ReMax: greedy
     elif run["overlong_buffer"]:
         raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "
                          "set overlong_buffer=0")
@@ -945,6 +957,7 @@ def _torch_threads(n: int):
 # %% ../nbs/42_training.ipynb #bf221e60
 def train(
     config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
+    *,  # the rest by name: two hooks of one kind cannot be swapped by position
     model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
     tokenizer=None,  # its tokenizer (required with `model` or `initial_state`)
     initial_state: TrainingState | None = None,  # a ready state (model, optimizer, ...) instead of `model`
@@ -1000,13 +1013,13 @@ def train(
         teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
         state = attach_teacher(state, tokenizer, teacher, first, config.dtype, fn)
         with _torch_threads(default_num_threads(state.model, config.num_threads)):
-            if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, fn)
+            specs = _run_specs(algo, config.num_iterations)  # every algorithm of the run (a schedule: several)
+            if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, specs, fn)
             if config.fsdp: state = dp.shard_training_state(state)  # FSDP (chapter *Several processes*): after resume
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
             prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
             if dp is not None: prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # a block
-            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn,
-                                           _needs_greedy_baseline(algo, config.num_iterations))
+            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn, specs)
             if eval_fn is None and config.eval_every and not own_prompts:
                 eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
             loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
@@ -1017,9 +1030,11 @@ def train(
             if not _is_writer(): loggers = []  # and logs
             if progress and _is_writer() and _evaluates_first(state, config, eval_fn):  # minutes on a real model
                 print(f"{fn}: evaluating the starting model before iteration 1", flush=True)
-            return _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
-                         ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
-                         stop_fn)
+            return _loop(state, prompt_loader=prompt_loader, eval_fn=eval_fn, loggers=loggers,
+                         checkpoint_fn=checkpoint_fn, stop_fn=stop_fn, tokenizer=tokenizer, config=config,
+                         rollout_fn=rollout_fn, algorithm_config=algo, loss_fn=loss_fn,
+                         reward_transform=reward_transform, kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn,
+                         optimizer_step_fn=optimizer_step_fn, iteration_hook=iteration_hook)
 
 # %% ../nbs/42_training.ipynb #2317b0fd
 def _eval_stats(lr: float, metrics: Mapping[str, float]) -> TrainingStats:
@@ -1131,17 +1146,18 @@ def _evaluates_first(state: TrainingState, config: TrainingConfig, eval_fn) -> b
     return eval_fn is not None and bool(config.eval_every) and state.iteration == 0 and config.num_iterations > 0
 
 
-def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, reward_transform, kl_fn,
-          ref_model_update_fn, optimizer_step_fn, eval_fn, loggers, checkpoint_fn, iteration_hook,
-          stop_fn) -> TrainingState:
-    "The body of `train`: iterate, log, evaluate, checkpoint, stop."
+def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: list, checkpoint_fn, stop_fn,
+          **loop_hooks) -> TrainingState:
+    "The body of `train`: iterate, log, evaluate, checkpoint, stop. `loop_hooks`: training_iteration's keywords."
+    config, iteration_hook = loop_hooks["config"], loop_hooks["iteration_hook"]
     emit = lambda s, st: [log(s, st) for log in loggers]
     def evaluate(s):
         st = _eval_stats(s.optimizer.param_groups[0]["lr"], eval_fn(s))
         emit(s, st)
         return st.custom_metrics
     if _evaluates_first(state, config, eval_fn): evaluate(state)
-    ahead = _RolloutsAhead(rollout_fn, tokenizer, config) if config.off_policy_steps else None
+    ahead = (_RolloutsAhead(loop_hooks["rollout_fn"], loop_hooks["tokenizer"], config) if config.off_policy_steps
+             else None)
     state = _restored_pending(state, ahead)
     t0, skipped, dp = time.perf_counter(), 0, _data_parallel()
     try:
@@ -1150,9 +1166,7 @@ def _loop(state, config, tokenizer, prompt_loader, rollout_fn, algo, loss_fn, re
             prompts, batch, timing = None, None, {}
             if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
             else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
-            state, batch, stats = training_iteration(state, prompts, tokenizer, config, rollout_fn, algo, loss_fn,
-                                                     reward_transform, kl_fn, ref_model_update_fn,
-                                                     optimizer_step_fn, iteration_hook, batch=batch)
+            state, batch, stats = training_iteration(state, prompts, batch=batch, **loop_hooks)
             stats = stats._replace(custom_metrics={**stats.custom_metrics, **timing})
             if len(batch) == 0:  # nothing trained this time
                 skipped += 1

@@ -42,8 +42,8 @@ def loop_gdpo(rewards, groups, weights, eps=1e-4):
 def test_registered_with_grpo_loss():
     for key in KEYS:
         assert ALGORITHMS[key].policy_loss.__name__ == "grpo_loss"
-    assert ALGORITHMS["remax"].group_relative is False and ALGORITHMS["remax"].run_defaults["greedy_baseline"]
-    assert ALGORITHMS["gdpo"].run_defaults["vector_rewards"]
+    assert ALGORITHMS["remax"].group_relative is False and ALGORITHMS["remax"].rollout_wrapper is not None
+    assert ALGORITHMS["gdpo"].vector_rewards
 
 
 def test_maxrl_by_hand_and_loop():
@@ -227,7 +227,7 @@ def test_micro_batches_give_the_full_batch_gradient_with_vector_rewards():
             return 0.0
         opt, _ = create_optimizer(policy, learning_rate=1e-3)
         state = TrainingState(0, 0, policy, opt, None, ref_model=create_reference_model(policy))
-        training_step(state, Batch(rs), create_algorithm_config(name), capture, tokenizer=tok,
+        training_step(state, Batch(rs), create_algorithm_config(name), optimizer_step_fn=capture, tokenizer=tok,
                       config=TrainingConfig(micro_batch_size=size))
         return seen
     for name, vector in (("gdpo", True), ("remax", False), ("maxrl", False)):

@@ -150,7 +150,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny):
             config = TrainingConfig(micro_batch_size=size, lora_r=0, max_new_tokens=6)
             state = create_training_state(model, config)._replace(teacher=teacher)
             cfg = create_algorithm_config("opd", aggregation=aggregation)
-            training_step(state, batch, cfg, capture, tokenizer=tok, config=config)
+            training_step(state, batch, cfg, optimizer_step_fn=capture, tokenizer=tok, config=config)
             grads.append(seen)
         assert grads[0] and grads[0].keys() == grads[1].keys()
         for k in grads[0]: torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-4, atol=1e-6)

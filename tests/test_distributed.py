@@ -83,7 +83,8 @@ def one_update(policy, tok, rollouts, name, options, start):
             named += [(f"value_head.{k}", p) for k, p in state.value_head.named_parameters()]
         grads.update({k: p.grad.clone() for k, p in named if p.grad is not None})
         return default_optimizer_step(state, max_grad_norm)
-    state, stats = training_step(state, rollouts, create_algorithm_config(name, **options), step, tokenizer=tok,
+    state, stats = training_step(state, rollouts, create_algorithm_config(name, **options), optimizer_step_fn=step,
+                                 tokenizer=tok,
                                  config=TrainingConfig(max_grad_norm=0.0))
     weights = {k: p.detach().clone() for k, p in policy.named_parameters() if p.requires_grad}
     if state.value_head is not None:
@@ -339,7 +340,8 @@ def sharded_update(policy, tok, rollouts, name, options, shard: bool, micro_batc
         for k, p in named:
             if p.grad is not None: grads[k] = p.grad.full_tensor() if shard else p.grad.clone()
         return default_optimizer_step(state, max_grad_norm)
-    state, stats = training_step(state, rollouts, create_algorithm_config(name, **options), step, tokenizer=tok,
+    state, stats = training_step(state, rollouts, create_algorithm_config(name, **options), optimizer_step_fn=step,
+                                 tokenizer=tok,
                                  config=TrainingConfig(max_grad_norm=1.0, micro_batch_size=micro_batch_size))
     plain = full_training_state(state) if shard else state
     if plain is None: return None

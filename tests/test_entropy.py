@@ -139,7 +139,8 @@ def step_gradient(setting, name, options, config):
     torch.manual_seed(0)
     opt, _ = create_optimizer(policy, learning_rate=1e-3)
     state = TrainingState(0, 0, policy, opt, None, ref_model=create_reference_model(policy))
-    _, stats = training_step(state, batch, create_algorithm_config(name, **options), capture, tokenizer=tok,
+    _, stats = training_step(state, batch, create_algorithm_config(name, **options), optimizer_step_fn=capture,
+                             tokenizer=tok,
                              config=config)
     return seen, stats.custom_metrics
 

@@ -50,7 +50,8 @@ def accumulated_grads(setting, name: str, options: dict, micro_batch_size, metri
     opt, _ = create_optimizer(policy, learning_rate=1e-3)
     ref = create_reference_model(policy)
     state = TrainingState(0, 0, policy, opt, None, ref_model=ref, teacher=ref)  # opd distills from it; others measure
-    _, stats = training_step(state, batch, create_algorithm_config(name, **options), capture, tokenizer=tok,
+    _, stats = training_step(state, batch, create_algorithm_config(name, **options), optimizer_step_fn=capture,
+                             tokenizer=tok,
                              config=TrainingConfig(micro_batch_size=micro_batch_size, **config))
     if metrics is not None: metrics.update(stats.custom_metrics)
     return seen

@@ -12,7 +12,7 @@ from rlnb.core import GenerationConfig, Rollout, collate, set_seed
 from rlnb.generation import batch_generate
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.logprobs import compute_logprobs_for_tokens
-from rlnb.mismatch import (ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTIONS, apply_rollout_correction,
+from rlnb.mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction,
                            create_hf_generator, mismatch_metrics, rollout_correction, sampler_copy)
 from rlnb.models import apply_lora
 from rlnb.tiny import load_tiny_model
@@ -116,10 +116,10 @@ def test_the_unknown_mode_error_lists_the_modes():
     assert str(sorted(ROLLOUT_CORRECTIONS)) in str(e.value)
 
 
-def test_every_registered_algorithm_has_a_level():
-    assert set(ALGORITHMS) <= set(ROLLOUT_CORRECTION_LEVELS)
-    assert {k for k, v in ROLLOUT_CORRECTION_LEVELS.items() if v is None} == {"dpo"}
-    assert ROLLOUT_CORRECTION_LEVELS["gspo"] == "sequence"
+def test_every_registered_algorithm_declares_its_level():
+    levels = {k: s.correction_level for k, s in ALGORITHMS.items()}
+    assert {k for k, v in levels.items() if v is None} == {"dpo"}
+    assert {k for k, v in levels.items() if v == "sequence"} == {"gspo", "gmpo"}
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
@@ -213,7 +213,7 @@ def test_apply_refuses_what_it_cannot_do():
     w, kept, _ = rollout_correction(base.old_logprobs, roll, base.loss_mask, "tis_token")
     with pytest.raises(ValueError, match="'dpo' has no advantage to weight"):
         apply_rollout_correction(base, w, kept, create_algorithm_config("dpo"))
-    with pytest.raises(ValueError, match="no rollout-correction level for algorithm 'my_loss'"):
+    with pytest.raises(ValueError, match="unknown algorithm 'my_loss'"):
         apply_rollout_correction(base, w, kept, "my_loss")
     with pytest.raises(ValueError, match="`batch.advantages` is None"):
         apply_rollout_correction(cb, w, kept, "grpo")
@@ -278,7 +278,7 @@ def test_sampler_copy_merges_lora_and_refuses_bad_dtypes():
 
 def test_public_names_from_the_top_level():
     for name in ("mismatch_metrics", "rollout_correction", "ROLLOUT_CORRECTIONS", "apply_rollout_correction",
-                 "ROLLOUT_CORRECTION_LEVELS", "sampler_copy", "create_hf_generator"):
+                 "sampler_copy", "create_hf_generator"):
         assert hasattr(rlnb, name), name
 
 

@@ -97,7 +97,8 @@ def test_weights_gradients_and_optimizer_state_stay_float32(setting):
         def step(state, max_grad_norm):
             grads.extend(p.grad.dtype for p in state.optimizer.param_groups[0]["params"] if p.grad is not None)
             return default_optimizer_step(state, max_grad_norm)
-        state, _ = training_step(state, batch, create_algorithm_config(name), step, tokenizer=tok,
+        state, _ = training_step(state, batch, create_algorithm_config(name), optimizer_step_fn=step,
+                                 tokenizer=tok,
                                  config=TrainingConfig(mixed_precision="bf16"))
         assert grads and set(grads) == {torch.float32}
         assert {p.dtype for p in policy.parameters()} == {torch.float32}

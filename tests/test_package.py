@@ -38,14 +38,14 @@ PUBLIC = {
                 "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
                   "create_grpo_config create_algorithm_config compute_batch_advantages compute_loss_by_algorithm "
-                  "get_algorithm_config",
+                  "get_algorithm_config register_algorithm find_algorithm check_algorithm_spec",
     "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss "
                  "create_dapo_config gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
     "dpo": "compute_dpo_pairs compute_dpo_loss dpo_loss",
     "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages "
            "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
     "mismatch": "mismatch_metrics rollout_correction ROLLOUT_CORRECTIONS apply_rollout_correction "
-                "ROLLOUT_CORRECTION_LEVELS sampler_copy create_hf_generator",
+                "sampler_copy create_hf_generator",
     "baselines": "compute_maxrl_advantages compute_gdpo_advantages compute_remax_advantages "
                  "create_greedy_baseline_rollout_fn",
     "policy_losses": "cispo_loss sapo_loss sapo_gate gmpo_loss dppo_loss dppo_moved DPPO_DIVERGENCES token_covariance "

@@ -8,7 +8,6 @@ import torch
 import rlnb
 from rlnb.algorithms import ALGORITHMS, compute_loss_by_algorithm, create_algorithm_config, grpo_loss
 from rlnb.core import create_training_config
-from rlnb.mismatch import ROLLOUT_CORRECTION_LEVELS
 from rlnb.policy_losses import (cispo_loss, clip_cov_select, compute_clip_cov_advantages, dppo_loss, dppo_moved,
                                 gmpo_loss, kl_cov_loss, sapo_loss, token_covariance)
 from rlnb.training import train
@@ -269,7 +268,7 @@ def test_registry_metrics_and_reference_kl():
     lp = cb.old_logprobs.clone().requires_grad_()
     for name in KEYS:
         spec = ALGORITHMS[name]
-        assert spec.group_relative and ROLLOUT_CORRECTION_LEVELS[name] in ("token", "sequence")
+        assert spec.group_relative and spec.correction_level in ("token", "sequence")
         loss, m = compute_loss_by_algorithm(cb, lp, {**create_algorithm_config(name, beta=0.04), "max_new_tokens": 3})
         loss.backward()
         assert torch.isfinite(loss) and lp.grad.abs().sum() > 0, name
