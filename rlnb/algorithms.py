@@ -298,7 +298,7 @@ def compute_policy_gradient_loss(
 
 # %% ../nbs/30_algorithms.ipynb #a38aa038
 class AlgorithmSpec(NamedTuple):
-    "Everything a training run needs to know about an algorithm: the loop reads these fields and nothing else."
+    "Everything a training run needs to know about an algorithm: the loop decides what to do from these fields."
     advantage_fn: Callable  # (rewards (B,), group_ids (B,), **knobs) -> advantages (B,) or (B, C)
     # (logprobs, old_logprobs, advantages, loss_mask, ref_logprobs=None, **knobs) -> (loss, metrics)
     policy_loss: Callable
@@ -306,21 +306,29 @@ class AlgorithmSpec(NamedTuple):
     group_relative: bool = True  # its baseline is the group: it needs at least 2 completions per prompt
     whole_groups: bool = False  # its loss pairs rollouts of a group (DPO): a micro-batch must not split a group
     run_defaults: Mapping[str, Any] = MappingProxyType({})  # run-level knobs it expects, e.g. DAPO's dynamic sampling
-    value_head: bool = False  # it learns a value function (PPO): the loop computes values with state.value_head
-    loss_units: Callable | None = None  # (batch, config) -> (B,): what its loss averages over, per row (DPO: pairs);
-    # None: the aggregation's tokens or rows. Micro-batches are weighted by it, so that they add up exactly
-    # how a sampler/trainer correction enters its loss: "token" (weights multiply its (B, C) advantages), "sequence"
-    # (one weight per row on (B,) advantages: GSPO, GMPO) or None (it has no advantage to weight: DPO; refused)
+    # it learns a value function (PPO): the loop computes values with state.value_head, which `prepare_state` adds
+    value_head: bool = False
+    # (batch, config) -> (B,): what its loss averages over, per row (DPO: pairs); None: the aggregation's tokens or
+    # rows. Micro-batches are weighted by it, so that they add up exactly
+    loss_units: Callable | None = None
+    # how a correction of the sampler's log-probs (config.rollout_correction) enters its loss: "token" (weights
+    # multiply its (B, C) advantages), "sequence" (one weight per row on (B,) advantages: GSPO, GMPO) or None (it has
+    # no advantage to weight, DPO: a rollout_correction other than "none" is refused)
     correction_level: str | None = "token"
-    needs_old_logprobs: bool = False  # its advantage_fn reads the sampling policy's log-probs (opd, Clip-Cov)
-    needs_teacher: bool = False  # it learns from a teacher's log-probs (opd): a run without a teacher is refused
-    vector_rewards: bool = False  # its advantage_fn takes (B, K) rewards as they are (GDPO), not one per rollout
-    prepare_state: Callable | None = None  # state -> state, before each of its steps (PPO: adds the value head)
+    # its advantage_fn reads batch.old_logprobs (opd, Clip-Cov): the trainer scores the sampled tokens before the
+    # update, without grad, even when the batch is on-policy
+    needs_old_logprobs: bool = False
+    needs_teacher: bool = False  # it reads batch.teacher_logprobs (opd): a run without a teacher is refused
+    vector_rewards: bool = False  # its advantage_fn takes (B, K) rewards (GDPO), not reduced to one per rollout
+    # state -> state before each of its steps and on resume (PPO: adds the value head to the state and optimizer)
+    prepare_state: Callable | None = None
     # (rollout_fn, reward_fn, generator, template_fn, tool_parser, system_prompt) -> rollout_fn: what it adds to
-    # each sampled batch (ReMax: the greedy completion's reward as baseline); applied to train's default rollout_fn
+    # each sampled batch (ReMax: the greedy completion's reward as baseline). train wraps its default rollout_fn
+    # (not one you pass) when any algorithm of the run has one, for every iteration
     rollout_wrapper: Callable | None = None
-    # (state, batch, algorithm_config) -> batch, without grad, after the old, reference and teacher log-probs and
-    # before the advantages: batch fields it computes itself (e.g. a per-token signal from another model)
+    # (state, batch, algorithm_config) -> batch, without grad (under the run's autocast), after the old, reference
+    # and teacher log-probs and before the advantages: batch fields it computes itself. Several processes: each
+    # prepares its own rows
     prepare_batch: Callable | None = None
 
 
@@ -344,6 +352,7 @@ def find_algorithm(
     name: str,  # a registered name
 ) -> AlgorithmSpec | None:  # its spec, or None when no algorithm has that name
     "The spec registered as `name`; the built-in catalogue is loaded the first time a name is missing."
+    if not isinstance(name, str): return None
     if name not in ALGORITHMS:
         for module in BUILTIN_ALGORITHM_MODULES: importlib.import_module(module)
     return ALGORITHMS.get(name)
@@ -379,6 +388,10 @@ def check_algorithm_spec(
     if spec.value_head and spec.prepare_state is None:
         raise ValueError(f"{fn}: `value_head`=True needs a `prepare_state` that gives the run its value head "
                          "(e.g. rlnb.ppo.add_value_head)")
+    for field, flag in (("old_logprobs", "needs_old_logprobs"), ("teacher_logprobs", "needs_teacher")):
+        if field in inspect.signature(spec.advantage_fn).parameters and not getattr(spec, flag):
+            raise ValueError(f"{fn}: its advantage_fn takes `{field}`, which the loop computes only for a spec that "
+                             f"says so: set {flag}=True")
     return spec._replace(default_config=MappingProxyType(dict(spec.default_config)),
                          run_defaults=MappingProxyType(dict(spec.run_defaults)))
 

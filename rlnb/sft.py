@@ -120,6 +120,7 @@ def sft(
     model,  # the model to fine-tune, in place (a peft model trains its adapters only)
     tokenizer,  # its tokenizer
     examples: Sequence,  # (prompt, answer) pairs, records with .prompt/.answer, or Conversations
+    *,  # the rest by name, as in train
     num_iterations: int = 100,  # optimizer steps
     batch_size: int = 16,  # examples per step
     learning_rate: float = 1e-3,  # peak learning rate (AdamW)

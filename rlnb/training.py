@@ -25,7 +25,7 @@ from .kl import compute_per_token_kl, create_reference_model, get_reference_logp
 from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn,
                            split_prompts)
 from .algorithms import (ALGORITHMS, AlgorithmSpec, compute_batch_advantages, compute_loss_by_algorithm,
-                             create_algorithm_config, find_algorithm)
+                             check_algorithm_spec, create_algorithm_config, find_algorithm)
 from .distillation import attach_teacher, teacher_metrics
 from .entropy import apply_entropy_controls, entropy_bonus, update_entropy_control
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, no_correction,
@@ -905,7 +905,8 @@ def _run_specs(algo: Mapping | Callable, num_iterations: int) -> list[AlgorithmS
     "The registered specs of every algorithm the run uses, once each, in order: a schedule is read at every iteration."
     configs = [algo(i) for i in range(num_iterations)] if callable(algo) else [algo]
     specs = [find_algorithm(c.get("name")) for c in configs if isinstance(c, Mapping)]
-    return list({id(s): s for s in specs if s is not None}.values())  # a spec's defaults are dicts: by identity
+    specs = {id(s): s for s in specs if s is not None}.values()  # a spec's defaults are dicts: by identity
+    return [check_algorithm_spec(s, "train") for s in specs]  # also those set in ALGORITHMS without a check
 
 
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
@@ -922,7 +923,7 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
         generate = _checked_generator(hooks["generator"] or _config_generator(config), fn)
         template = _checked_template_fn(hooks["template_fn"], fn)
         rollout_fn = create_rollout_fn(reward, generate, template, hooks["tool_parser"], system)
-        for wrap in dict.fromkeys(s.rollout_wrapper for s in specs if s.rollout_wrapper is not None):
+        for wrap in {id(s.rollout_wrapper): s.rollout_wrapper for s in specs if s.rollout_wrapper}.values():
             rollout_fn = wrap(rollout_fn, reward, generate, template, hooks["tool_parser"], system)  # ReMax: greedy
     elif run["overlong_buffer"]:
         raise ValueError(f"{fn}: the overlong penalty shapes `reward_fn`, which your `rollout_fn` calls; "

@@ -26,8 +26,19 @@ def group_medians(state, batch, algorithm_config):
 
 DEFAULTS = dict(scale=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
                 max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)
-# the whole registration: everything below runs "median" by name
-register_algorithm("median", AlgorithmSpec(median_advantages, grpo_loss, DEFAULTS, prepare_batch=group_medians))
+
+
+def register_median():
+    "The whole registration: after it, every path runs 'median' by name."
+    register_algorithm("median", AlgorithmSpec(median_advantages, grpo_loss, DEFAULTS, prepare_batch=group_medians))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def median():
+    "Registered for this module's tests only: the other tests' `ALGORITHMS` hold the built-in ones."
+    register_median()
+    yield
+    del ALGORITHMS["median"]
 
 RUN = dict(algorithm="median", num_iterations=4, prompts_per_step=4, group_size=4, max_new_tokens=6, eval_every=0,
            seed=2, learning_rate=1e-2)
@@ -94,6 +105,7 @@ def test_a_run_switches_to_a_registered_spec_mid_run():
 
 
 def _two_processes(rank, world, out):
+    register_median()  # a spawned process imports this module, not its fixtures
     names = []
     state = train(TrainingConfig(**{**RUN, "num_iterations": 2}, output_dir=None), progress=False,
                   logger=lambda s, st: names.append(st.custom_metrics["algorithm"]))  # rank 0 logs
@@ -103,7 +115,7 @@ def _two_processes(rank, world, out):
 
 @pytest.mark.slow
 def test_two_processes_run_a_registered_spec(tmp_path):
-    "Each spawned process imports this module, whose one registration is all it needs."
+    "Each spawned process registers the spec once, as a user's training script would; nothing else is needed."
     out = str(tmp_path / "ranks.pt")
     _spawned(_two_processes, out)
     (i0, w0, names), (i1, w1, _) = (torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD))
