@@ -9,6 +9,7 @@ from rlnb.core import Rollout, TrainingConfig, collate, create_training_config
 from rlnb.training import train
 from test_micro_batches import accumulated_grads, setting  # noqa: F401 (a fixture)
 from test_distributed import WORLD, _spawned
+from test_off_policy import lora_weights
 
 torch.set_num_threads(1)
 
@@ -19,9 +20,12 @@ def median_advantages(rewards, group_ids, baseline_rewards=None, scale=1.0):
 
 
 def group_medians(state, batch, algorithm_config):
-    "prepare_batch: each row's group median, computed once per batch before the advantages."
-    medians = torch.stack([batch.rewards[batch.group_ids == g].median() for g in batch.group_ids])  # (B,)
-    return batch._replace(baseline_rewards=medians)
+    "prepare_batch: each row's group median (the lower middle one, as torch.median), once per batch."
+    _, inverse, counts = batch.group_ids.unique(return_inverse=True, return_counts=True)  # (B,), (groups,)
+    by_reward = batch.rewards.argsort(stable=True)
+    order = by_reward[inverse[by_reward].argsort(stable=True)]  # (B,): by group, then by reward
+    middle = counts.cumsum(0) - counts + (counts - 1) // 2  # (groups,): each group's median position
+    return batch._replace(baseline_rewards=batch.rewards[order[middle]][inverse])
 
 
 DEFAULTS = dict(scale=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
@@ -44,11 +48,7 @@ RUN = dict(algorithm="median", num_iterations=4, prompts_per_step=4, group_size=
            seed=2, learning_rate=1e-2)
 
 
-def lora_weights(state):
-    return [p.detach().clone() for p in state.model.parameters() if p.requires_grad]
-
-
-def test_prepare_batch_reaches_the_advantages():
+def test_the_medians_and_advantages_by_hand():
     rs = [1., 0, 0, 3, 2., 2, 5, 1]
     cb = collate([Rollout("p", prompt_token_ids=[1], token_ids=[2, 3], rewards=x, group_index=k // 4)
                   for k, x in enumerate(rs)], pad_token_id=0)
@@ -56,6 +56,17 @@ def test_prepare_batch_reaches_the_advantages():
     out = compute_batch_advantages(cb, create_algorithm_config("median", scale=2.0))
     # torch's median of an even count is the lower middle value: 0 and 2
     torch.testing.assert_close(out.advantages, 2 * (torch.tensor(rs) - torch.tensor([0.] * 4 + [2.] * 4)))
+
+
+def test_the_step_prepares_the_batch_once_before_the_micro_batches(setting):  # noqa: F811
+    calls = []
+    def counted(state, batch, algorithm_config):
+        calls.append(len(batch.rewards))
+        return group_medians(state, batch, algorithm_config)
+    register_algorithm("median_counted", ALGORITHMS["median"]._replace(prepare_batch=counted))
+    try: accumulated_grads(setting, "median_counted", {}, 2)
+    finally: del ALGORITHMS["median_counted"]
+    assert calls == [len(setting[2].rollouts)]  # the whole batch, once
 
 
 @pytest.mark.parametrize("size", [2, 3])
