@@ -19,12 +19,13 @@ from .core import Batch, CollatedBatch, Rollout, collate, group_stats, set_seed
 from .kl import KL_ESTIMATORS, check_kl_values, kl_k3
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ALGORITHMS', 'BUILTIN_ALGORITHM_MODULES', 'CORRECTION_LEVELS', 'compute_grpo_advantages',
-           'compute_advantages', 'clipped_surrogate_objective', 'aggregate_loss', 'advantages_2d', 'token_kl',
-           'masked_means', 'policy_and_kl_losses', 'grpo_loss', 'compute_grpo_loss', 'compute_policy_gradient_loss',
-           'AlgorithmSpec', 'find_algorithm', 'check_algorithm_spec', 'register_algorithm', 'create_algorithm_config',
+__all__ = ['AGGREGATIONS', 'ALGORITHMS', 'BUILTIN_ALGORITHM_MODULES', 'CORRECTION_LEVELS', 'STEP_EXTENSIONS',
+           'BUILTIN_STEP_EXTENSION_MODULES', 'compute_grpo_advantages', 'compute_advantages',
+           'clipped_surrogate_objective', 'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means',
+           'policy_and_kl_losses', 'grpo_loss', 'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec',
+           'find_algorithm', 'check_algorithm_spec', 'register_algorithm', 'create_algorithm_config',
            'create_grpo_config', 'batch_fields_for', 'compute_batch_advantages', 'compute_loss_by_algorithm',
-           'get_algorithm_config', 'toy_run']
+           'StepExtension', 'register_step_extension', 'step_extensions', 'get_algorithm_config', 'toy_run']
 
 # %% ../nbs/30_algorithms.ipynb #6016c547
 _SCALES = ("group", "batch", "none")
@@ -528,6 +529,46 @@ def compute_loss_by_algorithm(
     fields = batch_fields_for(spec.policy_loss, batch, _PASSED)
     return spec.policy_loss(logprobs, old, batch.advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs,
                             **fields, **loss_kw)
+
+# %% ../nbs/30_algorithms.ipynb #aa882e9c
+class StepExtension(NamedTuple):
+    "A part of every training step that belongs to no one algorithm; each hook optional (None: skipped)."
+    # (state, batch, config, spec) -> (batch, config, metrics): before the micro-batches, without gradient; `spec` is
+    # the algorithm's (None for a name only a custom loss_fn knows), `config` the run's TrainingConfig
+    prepare: Callable | None = None
+    # (batch, logprobs, entropy, config, algorithm_config) -> (term, metrics): a scalar tensor added to a micro-batch's
+    # loss; logprobs and entropy are (b, C), with gradient
+    loss_term: Callable | None = None
+    # (state, config, metrics) -> state: after the step, from the step's metrics
+    finish: Callable | None = None
+
+
+STEP_EXTENSIONS: dict[str, StepExtension] = {}  # name -> extension, called in this order
+BUILTIN_STEP_EXTENSION_MODULES = ("rlnb.entropy",)  # the chapters that register the built-in extensions
+
+
+def register_step_extension(
+    name: str,  # a name for it (registering a name again replaces that extension)
+    extension: StepExtension,  # its hooks
+) -> StepExtension:  # the extension, as registered
+    "Make every training step call `extension`'s hooks, whatever the algorithm."
+    fn = f"register_step_extension({name!r})"
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"register_step_extension: `name` must be a non-blank str, got {name!r}")
+    if not isinstance(extension, StepExtension):
+        raise TypeError(f"{fn}: expected a StepExtension, got a {type(extension).__name__}")
+    for hook, value in extension._asdict().items():
+        if value is not None and not callable(value):
+            raise TypeError(f"{fn}: `{hook}` must be a function or None, got {value!r}")
+    STEP_EXTENSIONS[name] = extension
+    return extension
+
+
+def step_extensions() -> list[StepExtension]:
+    "The registered extensions, in registration order; the built-in ones are loaded first."
+    for module in BUILTIN_STEP_EXTENSION_MODULES: importlib.import_module(module)
+    return list(STEP_EXTENSIONS.values())
+
 
 # %% ../nbs/30_algorithms.ipynb #5699a42a
 def get_algorithm_config(

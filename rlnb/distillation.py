@@ -7,19 +7,15 @@ Docs: https://rlnb.github.io/rlnb/distillation.html.md"""
 # %% ../nbs/39_distillation.ipynb #33056af1
 from __future__ import annotations
 from types import MappingProxyType
-from typing import Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
-from .core import ModelConfig, TrainingState, model_device
-from .models import load_model, load_tokenizer
-from .algorithms import ALGORITHMS, AlgorithmSpec, find_algorithm, grpo_loss, masked_means
+from .algorithms import ALGORITHMS, AlgorithmSpec, grpo_loss
 
 # %% auto #0
-__all__ = ['distillation_advantages', 'opd_advantages', 'teacher_metrics', 'check_same_tokenizer', 'check_teacher_model',
-           'load_teacher', 'attach_teacher']
+__all__ = ['distillation_advantages', 'opd_advantages']
 
 # %% ../nbs/39_distillation.ipynb #720e85ed
 def distillation_advantages(
@@ -64,88 +60,3 @@ ALGORITHMS["opd"] = AlgorithmSpec(opd_advantages, grpo_loss, MappingProxyType(di
     teacher_coef=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
     max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False,
     needs_old_logprobs=True, needs_teacher=True)  # the teacher's signal is measured against the sampling policy
-
-# %% ../nbs/39_distillation.ipynb #a4be4062
-def teacher_metrics(
-    logprobs: Tensor,  # (B, C) log pi_student of the sampled tokens
-    teacher_logprobs: Tensor,  # (B, C) log pi_teacher of the same tokens
-    loss_mask: Tensor,  # (B, C) 1 on the tokens that count
-) -> dict[str, float]:  # {"teacher/reverse_kl": mean over the masked tokens of log pi_student - log pi_teacher}
-    "How far the student is from the teacher on its own samples: the k1 estimate of the per-token reverse KL."
-    keep = loss_mask.to(logprobs.device) > 0  # (B, C) bool
-    diff = logprobs.detach().float() - teacher_logprobs.detach().to(logprobs.device, torch.float32)  # (B, C)
-    return masked_means(keep, **{"teacher/reverse_kl": diff})
-
-# %% ../nbs/39_distillation.ipynb #90603e57
-def check_same_tokenizer(
-    tokenizer,  # the student's (policy's) tokenizer
-    teacher_tokenizer,  # the teacher's
-    fn: str = "check_same_tokenizer",  # the caller's name, which starts the message
-) -> None:
-    "The teacher can score the student's ids only if every id both tokenizers hold stands for the same string."
-    ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()  # string -> id
-    n = min(len(ours), len(theirs))  # tokens appended past the shorter one's end change no shared id
-    by_id = lambda vocab: {i: s for s, i in vocab.items() if i < n}
-    a, b = by_id(ours), by_id(theirs)
-    if a == b: return
-    differ = [(i, a.get(i), b.get(i)) for i in sorted(set(a) | set(b)) if a.get(i) != b.get(i)]
-    raise ValueError(f"{fn}: the teacher's tokenizer is not the student's ({len(theirs)} tokens vs {len(ours)}; "
-                     f"{len(differ)} of the first {n} ids differ, e.g. (id, student's, teacher's) {differ[:3]}); the "
-                     "teacher would score other tokens than the student sampled. Distill from a teacher of the same "
-                     "tokenizer (the same model family)")
-
-
-def _vocab_rows(model) -> int | None:
-    "How many token ids `model` scores: its output embedding's rows (else config.vocab_size; None if neither)."
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if out is not None and getattr(out, "weight", None) is not None: return out.weight.shape[0]
-    return getattr(getattr(model, "config", None), "vocab_size", None)
-
-
-def check_teacher_model(
-    teacher,  # the teacher model
-    policy,  # the student model
-    fn: str = "check_teacher_model",  # the caller's name, which starts the message
-) -> None:
-    "A teacher is a torch model scoring as many token ids as the student."
-    if not isinstance(teacher, nn.Module):
-        raise TypeError(f"{fn}: `teacher` must be a torch model (nn.Module) or a model name, got a "
-                        f"{type(teacher).__name__}")
-    rows_t, rows_p = _vocab_rows(teacher), _vocab_rows(policy)
-    if rows_t is not None and rows_p is not None and rows_t != rows_p:
-        raise ValueError(f"{fn}: the teacher scores {rows_t} token ids, the student {rows_p}: they do not share a "
-                         "tokenizer, so the teacher would score other tokens than the student sampled")
-
-# %% ../nbs/39_distillation.ipynb #175caca1
-def load_teacher(
-    name: str,  # anything load_model takes: "tiny", "smollm2", a folder, a hub id, a .gguf file
-    tokenizer,  # the student's tokenizer, which the teacher's must equal
-    dtype: str = "auto",  # the teacher's precision ("auto": float32 on a CPU, bf16 on a GPU)
-    fn: str = "load_teacher",  # the caller's name, for messages
-) -> nn.Module:  # the teacher, in eval mode
-    "A teacher model by name, its tokenizer checked to be the student's."
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{fn}: `teacher` must name a model (e.g. 'tiny', a folder, a hub id), got {name!r}")
-    check_same_tokenizer(tokenizer, load_tokenizer(ModelConfig(name, dtype=dtype)), fn)
-    return load_model(ModelConfig(name, dtype=dtype)).eval()
-
-
-def attach_teacher(
-    state: TrainingState,  # the run's state; state.model is the student
-    tokenizer,  # the student's tokenizer
-    teacher: nn.Module | str | None = None,  # a model, a name for load_teacher, or None (keep state.teacher)
-    algorithm_config: Mapping | None = None,  # the run's first algorithm config: opd needs a teacher
-    dtype: str = "auto",  # precision of a teacher loaded by name
-    fn: str = "attach_teacher",  # the caller's name, for messages
-) -> TrainingState:  # the state with .teacher set (None when there is none)
-    "The run's state with its teacher, checked to share the student's tokenizer and placed on the student's device."
-    if isinstance(teacher, str): teacher = load_teacher(teacher, tokenizer, dtype, fn)
-    elif teacher is None: teacher = state.teacher
-    if teacher is None:
-        spec = find_algorithm(algorithm_config.get("name")) if isinstance(algorithm_config, Mapping) else None
-        if spec is not None and spec.needs_teacher:
-            raise ValueError(f"{fn}: algorithm {algorithm_config['name']!r} learns from a teacher's log-probs, but "
-                             "there is no teacher; pass train(..., teacher=model) or TrainingConfig(teacher=name)")
-        return state
-    check_teacher_model(teacher, state.model, fn)
-    return state._replace(teacher=teacher.to(model_device(state.model)))

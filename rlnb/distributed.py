@@ -18,14 +18,14 @@ from .checkpoints import checkpoint_exists, checkpoint_metadata
 from .core import CollatedBatch, TrainingConfig, TrainingStats, is_peft_model, to_jsonable
 from .algorithms import batch_fields_for, compute_batch_advantages, find_algorithm
 from .rollouts import split_prompts
-from .training import reward_metrics
+from .loggers import reward_metrics
 
 # %% auto #0
 __all__ = ['world_size', 'process_rank', 'close_distributed', 'init_distributed', 'config_digest', 'check_distributed_config',
            'RankFailedError', 'rank_failure', 'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader',
            'sync_parameters', 'batch_advantages', 'loss_share', 'all_reduce_gradients', 'averaged_step',
            'reduced_stats', 'any_rank', 'is_sharded', 'decoder_layers', 'shard_module', 'shard_training_state',
-           'full_parameters', 'full_training_state', 'sharded_hooks', 'even_micro_batches']
+           'full_parameters', 'full_training_state', 'sharded_hooks', 'even_micro_batches', 'sharded_micro_batches']
 
 # %% ../nbs/48_distributed.ipynb #e24c1fb1
 def world_size() -> int:  # processes training together (1 without a process group)
@@ -532,3 +532,12 @@ def even_micro_batches(
     most = torch.tensor([len(chunks)], device=_device())
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
     return list(chunks) + [(chunks[0][0], 0.0)] * (int(most) - len(chunks))
+
+
+def sharded_micro_batches(
+    model,  # the policy: sharded (FSDP) or replicated
+    chunks: list,  # [(row indices, weight)]: this rank's micro-batches
+    share: float,  # this rank's weight in the loss (loss_share)
+) -> tuple[list, float]:  # (micro-batches, the scale of each loss)
+    "Sharded: every rank's micro-batches evened, each loss x this rank's share (FSDP sums); replicated: as they are."
+    return (even_micro_batches(chunks), share) if is_sharded(model) else (chunks, 1.0)

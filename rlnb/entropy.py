@@ -14,12 +14,12 @@ from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
 from .core import CollatedBatch, TrainingConfig, TrainingState
-from .algorithms import AlgorithmSpec, aggregate_loss
+from .algorithms import AlgorithmSpec, StepExtension, aggregate_loss, register_step_extension
 from .logprobs import compute_logprobs_for_tokens
 
 # %% auto #0
-__all__ = ['entropy_bonus', 'high_entropy_mask', 'adaptive_entropy_coef', 'entropy_coefficient', 'update_entropy_control',
-           'apply_entropy_controls']
+__all__ = ['ENTROPY_CONTROLS', 'entropy_bonus', 'high_entropy_mask', 'adaptive_entropy_coef', 'entropy_coefficient',
+           'update_entropy_control', 'apply_entropy_controls', 'entropy_loss_term', 'finish_entropy_control']
 
 # %% ../nbs/36_entropy.ipynb #71c28899
 def _masked_token_mean(x: Tensor, loss_mask: Tensor) -> float:
@@ -131,3 +131,25 @@ def apply_entropy_controls(
     metrics.update({"entropy/mean": _masked_token_mean(entropy, batch.loss_mask),
                     "entropy/masked_fraction": 1 - float((kept != 0).sum()) / n})
     return batch._replace(loss_mask=kept), config._replace(entropy_coef=coef), metrics
+
+# %% ../nbs/36_entropy.ipynb #eb2a9309
+def entropy_loss_term(
+    batch: CollatedBatch,  # a micro-batch (its loss_mask: the tokens that count)
+    logprobs: Tensor,  # (b, C) the micro-batch's log-probs (unused: the bonus reads the entropies)
+    entropy: Tensor,  # (b, C) the policy's next-token entropies, with gradient
+    config: TrainingConfig,  # this step's: entropy_coef as apply_entropy_controls set it
+    algorithm_config: dict,  # "aggregation" and "max_completion_length": averaged as the policy loss is
+) -> tuple[Tensor, dict]:  # (-entropy_coef x the aggregated entropy, {"entropy/mean", "loss/entropy"})
+    "The entropy bonus of one micro-batch, as a StepExtension's loss term."
+    aggregation = algorithm_config.get("aggregation", "token_mean")
+    return entropy_bonus(entropy, batch.loss_mask, config.entropy_coef, aggregation,
+                         algorithm_config.get("max_completion_length"))
+
+
+def finish_entropy_control(state: TrainingState, config: TrainingConfig, metrics: dict) -> TrainingState:
+    "After a step: the adaptive controller's next coefficient, from the step's `entropy/mean`."
+    return update_entropy_control(state, config, metrics["entropy/mean"])
+
+
+ENTROPY_CONTROLS = register_step_extension("entropy", StepExtension(
+    prepare=apply_entropy_controls, loss_term=entropy_loss_term, finish=finish_entropy_control))

@@ -10,17 +10,19 @@ import contextlib, copy, inspect, math
 from typing import Any, Callable, NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from .core import is_peft_model
+from .core import ModelConfig, TrainingState, is_peft_model, model_device
 from .logprobs import compute_logprobs_for_tokens
+from .models import load_model, load_tokenizer
 
 # %% auto #0
 __all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_abs', 'kl_k3_plus', 'kl_estimator', 'check_kl_values',
            'compute_per_token_kl', 'compute_reverse_kl', 'compute_forward_kl', 'exact_kl_from_logits',
            'compute_batch_kl', 'create_truncated_kl', 'create_adaptive_kl', 'create_kl_schedule',
            'update_adaptive_kl_coef', 'AdapterDisabledRef', 'create_frozen_copy', 'create_reference_model',
-           'get_reference_logprobs', 'create_ema_updater', 'create_periodic_updater', 'update_reference_model']
+           'get_reference_logprobs', 'create_ema_updater', 'create_periodic_updater', 'update_reference_model',
+           'check_same_tokenizer', 'check_teacher_model', 'load_teacher', 'attach_teacher', 'teacher_metrics']
 
 # %% ../nbs/23_kl.ipynb #1448cd19
 def _check_same_shape(caller: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor | None = None):
@@ -387,3 +389,87 @@ def update_reference_model(
     except ValueError: args = (ref_model, policy_model, step)  # no signature available (some builtins)
     out = update_fn(*args)
     return ref_model if out is None else out
+
+# %% ../nbs/23_kl.ipynb #90603e57
+def check_same_tokenizer(
+    tokenizer,  # the student's (policy's) tokenizer
+    teacher_tokenizer,  # the teacher's
+    fn: str = "check_same_tokenizer",  # the caller's name, which starts the message
+) -> None:
+    "The teacher can score the student's ids only if every id both tokenizers hold stands for the same string."
+    ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()  # string -> id
+    n = min(len(ours), len(theirs))  # tokens appended past the shorter one's end change no shared id
+    by_id = lambda vocab: {i: s for s, i in vocab.items() if i < n}
+    a, b = by_id(ours), by_id(theirs)
+    if a == b: return
+    differ = [(i, a.get(i), b.get(i)) for i in sorted(set(a) | set(b)) if a.get(i) != b.get(i)]
+    raise ValueError(f"{fn}: the teacher's tokenizer is not the student's ({len(theirs)} tokens vs {len(ours)}; "
+                     f"{len(differ)} of the first {n} ids differ, e.g. (id, student's, teacher's) {differ[:3]}); the "
+                     "teacher would score other tokens than the student sampled. Distill from a teacher of the same "
+                     "tokenizer (the same model family)")
+
+
+def _vocab_rows(model) -> int | None:
+    "How many token ids `model` scores: its output embedding's rows (else config.vocab_size; None if neither)."
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None and getattr(out, "weight", None) is not None: return out.weight.shape[0]
+    return getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+def check_teacher_model(
+    teacher,  # the teacher model
+    policy,  # the student model
+    fn: str = "check_teacher_model",  # the caller's name, which starts the message
+) -> None:
+    "A teacher is a torch model scoring as many token ids as the student."
+    if not isinstance(teacher, nn.Module):
+        raise TypeError(f"{fn}: `teacher` must be a torch model (nn.Module) or a model name, got a "
+                        f"{type(teacher).__name__}")
+    rows_t, rows_p = _vocab_rows(teacher), _vocab_rows(policy)
+    if rows_t is not None and rows_p is not None and rows_t != rows_p:
+        raise ValueError(f"{fn}: the teacher scores {rows_t} token ids, the student {rows_p}: they do not share a "
+                         "tokenizer, so the teacher would score other tokens than the student sampled")
+
+# %% ../nbs/23_kl.ipynb #175caca1
+def load_teacher(
+    name: str,  # anything load_model takes: "tiny", "smollm2", a folder, a hub id, a .gguf file
+    tokenizer,  # the student's tokenizer, which the teacher's must equal
+    dtype: str = "auto",  # the teacher's precision ("auto": float32 on a CPU, bf16 on a GPU)
+    fn: str = "load_teacher",  # the caller's name, for messages
+) -> nn.Module:  # the teacher, in eval mode
+    "A teacher model by name, its tokenizer checked to be the student's."
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{fn}: `teacher` must name a model (e.g. 'tiny', a folder, a hub id), got {name!r}")
+    check_same_tokenizer(tokenizer, load_tokenizer(ModelConfig(name, dtype=dtype)), fn)
+    return load_model(ModelConfig(name, dtype=dtype)).eval()
+
+
+def attach_teacher(
+    state: TrainingState,  # the run's state; state.model is the student
+    tokenizer,  # the student's tokenizer
+    teacher: nn.Module | str | None = None,  # a model, a name for load_teacher, or None (keep state.teacher)
+    needed_by: str | None = None,  # the name of an algorithm of the run that learns from a teacher (opd), if any
+    dtype: str = "auto",  # precision of a teacher loaded by name
+    fn: str = "attach_teacher",  # the caller's name, for messages
+) -> TrainingState:  # the state with .teacher set (None when there is none)
+    "The run's state with its teacher, checked to share the student's tokenizer and placed on the student's device."
+    if isinstance(teacher, str): teacher = load_teacher(teacher, tokenizer, dtype, fn)
+    elif teacher is None: teacher = state.teacher
+    if teacher is None:
+        if needed_by is not None:
+            raise ValueError(f"{fn}: algorithm {needed_by!r} learns from a teacher's log-probs, but there is no "
+                             "teacher; pass train(..., teacher=model) or TrainingConfig(teacher=name)")
+        return state
+    check_teacher_model(teacher, state.model, fn)
+    return state._replace(teacher=teacher.to(model_device(state.model)))
+
+# %% ../nbs/23_kl.ipynb #a4be4062
+def teacher_metrics(
+    logprobs: Tensor,  # (B, C) log pi_student of the sampled tokens
+    teacher_logprobs: Tensor,  # (B, C) log pi_teacher of the same tokens
+    loss_mask: Tensor,  # (B, C) 1 on the tokens that count
+) -> dict[str, float]:  # {"teacher/reverse_kl": mean over the masked tokens of log pi_student - log pi_teacher}
+    "How far the student is from the teacher on its own samples: the k1 estimate of the per-token reverse KL."
+    keep = loss_mask.to(logprobs.device) > 0  # (B, C) bool
+    diff = logprobs.detach().float() - teacher_logprobs.detach().to(logprobs.device, torch.float32)  # (B, C)
+    return {"teacher/reverse_kl": float(torch.where(keep, diff, 0.0).sum() / keep.sum().clamp(min=1))}

@@ -10,13 +10,15 @@ import json, math, os, time, warnings
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from torch import Tensor
+
 from .cache import write_atomically
-from .core import TrainingState, TrainingStats
+from .core import TrainingState, TrainingStats, group_stats
 
 # %% auto #0
-__all__ = ['METRIC_LABELS', 'metrics_record', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger', 'load_metrics',
-           'drop_metrics_after', 'update_ema_metrics', 'log_to_wandb', 'create_progress_logger', 'plot_metrics',
-           'load_wandb_metrics', 'create_tensorboard_logger']
+__all__ = ['METRIC_LABELS', 'metrics_record', 'reward_metrics', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger',
+           'load_metrics', 'drop_metrics_after', 'update_ema_metrics', 'log_to_wandb', 'create_progress_logger',
+           'plot_metrics', 'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/40_loggers.ipynb #05a15ce3
 def metrics_record(
@@ -25,6 +27,23 @@ def metrics_record(
 ) -> dict:
     "The flat dict a logger writes: iteration, step and the namespaced metrics."
     return {"iteration": state.iteration, "step": state.global_step, **(stats.custom_metrics or {})}
+
+# %% ../nbs/40_loggers.ipynb #751e6373
+def reward_metrics(
+    raw: Tensor,  # (B,) or (B, K): the rewards as scored
+    used: Tensor,  # (B,) or (B, K): the rewards the advantages used (after any transform)
+    group_ids: Tensor,  # (B,) each rollout's group
+) -> dict[str, float]:  # reward/mean, reward/std, reward/zero_std_frac, ...
+    "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
+    out = {}
+    if used.ndim == 2: used = used.sum(1)  # an algorithm that takes the vector (GDPO): its components' sum
+    if raw.ndim == 2:
+        out.update({f"reward/component_{k}": v for k, v in enumerate(raw.float().mean(0).tolist())})
+        raw = used
+    stats = group_stats(used.float().cpu(), group_ids.cpu())
+    r = raw.float().cpu()
+    return {"reward/mean": r.mean().item(), "reward/std": r.std(unbiased=False).item(),
+            "reward/zero_std_frac": (stats.max == stats.min).float().mean().item(), **out}
 
 # %% ../nbs/40_loggers.ipynb #65aebf19
 def log_to_console(

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/42_training.ipynb #24c6f21f
 from __future__ import annotations
-import concurrent.futures, contextlib, functools, inspect, json, math, numbers, os, reprlib, time, warnings
+import concurrent.futures, contextlib, functools, inspect, math, numbers, os, reprlib, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -14,32 +14,28 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .core import (Batch, CollatedBatch, Conversation, Generation, GenerationConfig, ModelConfig, TrainingConfig,
-                       TrainingState, TrainingStats, collate, create_training_config, env_num_threads, group_stats,
-                       from_jsonable, is_peft_model, model_device, pad_token_id, set_seed, to_jsonable,
-                       warn_unsaved_checkpoints)
-from .tasks import Task, get_task, task_for_policy
+from .core import (Batch, CollatedBatch, Generation, ModelConfig, TrainingConfig, TrainingState, TrainingStats,
+                       collate, create_training_config, env_num_threads, from_jsonable, is_peft_model, model_device,
+                       pad_token_id, set_seed, to_jsonable, warn_unsaved_checkpoints)
+from .tasks import Task, task_for_policy
 from .models import apply_lora, load_model, load_tokenizer
 from .logprobs import compute_logprobs_for_tokens, precision_context
-from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, update_reference_model
-from .rollouts import (DataBuffer, create_batch_rollouts, create_eval_fn, create_prompt_loader, create_rollout_fn,
-                           split_prompts)
+from .kl import (attach_teacher, compute_per_token_kl, create_reference_model, get_reference_logprobs,
+                     teacher_metrics, update_reference_model)
+from .rollouts import DataBuffer, create_eval_fn, create_prompt_loader, create_rollout_fn, split_prompts
 from .algorithms import (ALGORITHMS, AlgorithmSpec, compute_batch_advantages, compute_loss_by_algorithm,
-                             check_algorithm_spec, create_algorithm_config, find_algorithm)
-from .distillation import attach_teacher, teacher_metrics
-from .entropy import apply_entropy_controls, entropy_bonus, update_entropy_control
+                             check_algorithm_spec, create_algorithm_config, find_algorithm, step_extensions)
 from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, create_hf_generator, no_correction,
                            rollout_correction, sampler_copy, tis_seq_correction, tis_token_correction)
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import (check_metrics_file, create_jsonl_logger, create_progress_logger, drop_metrics_after,
-                          load_metrics)
+                          reward_metrics)
 from .cache import folder_lock
 from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint, save_checkpoint
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
-           'create_training_state', 'default_num_threads', 'reward_metrics', 'training_step', 'training_iteration',
-           'train']
+           'create_training_state', 'default_num_threads', 'OneProcess', 'training_step', 'training_iteration', 'train']
 
 # %% ../nbs/42_training.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -157,17 +153,17 @@ def _is_metrics(m) -> bool:
     return isinstance(m, Mapping) and all(isinstance(k, str) and _is_number(v) for k, v in m.items())
 
 # %% ../nbs/42_training.ipynb #ce1e8651
-def _checked_loss(out, fn: str) -> tuple[Tensor, Mapping]:
-    "A loss function's result: (a scalar tensor, {name: number}), or an error saying what came back."
+def _checked_loss(out, fn: str, hook: str = "`loss_fn`") -> tuple[Tensor, Mapping]:
+    "A loss function's result (or a step extension's loss term): (a scalar tensor, {name: number}), else an error."
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise TypeError(f"{fn}: `loss_fn` returned a {type(out).__name__}; expected a pair (loss, metrics): a scalar "
+        raise TypeError(f"{fn}: {hook} returned a {type(out).__name__}; expected a pair (loss, metrics): a scalar "
                         "tensor and a dict of numbers")
     loss, metrics = out
     if not isinstance(loss, Tensor) or loss.numel() != 1:
         got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else f"a {type(loss).__name__}"
-        raise TypeError(f"{fn}: `loss_fn` returned {got} as its loss; expected a scalar tensor")
+        raise TypeError(f"{fn}: {hook} returned {got} as its loss; expected a scalar tensor")
     if not _is_metrics(metrics):
-        raise TypeError(f"{fn}: `loss_fn` returned {reprlib.repr(metrics)} as its metrics; expected a dict of numbers "
+        raise TypeError(f"{fn}: {hook} returned {reprlib.repr(metrics)} as its metrics; expected a dict of numbers "
                         "with str names")
     return loss.reshape(()), metrics
 
@@ -201,34 +197,40 @@ def _micro_batches(cb: CollatedBatch, micro_batch_size: int | None, aggregation,
     return [(i, len(i) / B) for i in chunks]
 
 # %% ../nbs/42_training.ipynb #0d740d6b
-def reward_metrics(
-    raw: Tensor,  # (B,) or (B, K): the rewards as scored
-    used: Tensor,  # (B,) or (B, K): the rewards the advantages used (after any transform)
-    group_ids: Tensor,  # (B,) each rollout's group
-) -> dict[str, float]:  # reward/mean, reward/std, reward/zero_std_frac, ...
-    "Mean and std of the raw rewards (per component for vectors); fraction of groups with no spread in the used ones."
-    out = {}
-    if used.ndim == 2: used = used.sum(1)  # an algorithm that takes the vector (GDPO): its components' sum
-    if raw.ndim == 2:
-        out.update({f"reward/component_{k}": v for k, v in enumerate(raw.float().mean(0).tolist())})
-        raw = used
-    stats = group_stats(used.float().cpu(), group_ids.cpu())
-    r = raw.float().cpu()
-    return {"reward/mean": r.mean().item(), "reward/std": r.std(unbiased=False).item(),
-            "reward/zero_std_frac": (stats.max == stats.min).float().mean().item(), **out}
-
-
-def _step_stats(per_update: list[dict], cb: CollatedBatch, raw_rewards: Tensor, lr: float,
-                algo: Mapping) -> TrainingStats:
-    "The step's record: each metric averaged over the updates, then the rewards, learning rate and tokens sampled."
+def _step_stats(per_update: list[dict], cb: CollatedBatch, raw_rewards: Tensor, lr: float, algo: Mapping,
+                extra: Mapping) -> TrainingStats:
+    "The step's record: each metric averaged over the updates, the rewards, learning rate, tokens sampled, `extra`."
     metrics = {k: sum(u.get(k, 0.0) for u in per_update) / len(per_update) for k in per_update[0]}
     if cb.advantages is not None: metrics.update(reward_metrics(raw_rewards, cb.rewards, cb.group_ids))
-    metrics.update({"lr": lr, "tokens/generated": float(cb.completion_mask.sum()), "algorithm": algo.get("name")})
+    metrics.update({"lr": lr, "tokens/generated": float(cb.completion_mask.sum()), "algorithm": algo.get("name"),
+                    **extra})
     return TrainingStats(loss=metrics["loss/total"], grad_norm=metrics["grad_norm"], learning_rate=lr,
                          kl_divergence=metrics.get("kl/mean", 0.0), rewards_mean=metrics.get("reward/mean", 0.0),
                          rewards_std=metrics.get("reward/std", 0.0), custom_metrics=metrics)
 
 # %% ../nbs/42_training.ipynb #10607743
+def _step_inputs(state: TrainingState, batch, algorithm_config, tokenizer, config: TrainingConfig | None,
+                 kl_fn: Callable | None, fn: str) -> tuple[TrainingConfig, Mapping, list]:
+    "(the run's config, this iteration's algorithm config with `kl_fn`, the rollouts): a step's inputs, checked."
+    cfg = config or (state.metadata or {}).get("config") or TrainingConfig()
+    algo = algorithm_config(state.iteration) if callable(algorithm_config) else algorithm_config
+    if not isinstance(algo, Mapping):
+        raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) "
+                        "or a function of the iteration")
+    if kl_fn is not None: algo = {**algo, "kl_fn": kl_fn}
+    rollouts = list(batch.rollouts if isinstance(batch, Batch) else batch)
+    if not rollouts: raise ValueError(f"{fn}: `batch` is empty; expected at least one Rollout")
+    if tokenizer is None:
+        raise ValueError(f"{fn}: `tokenizer` is None; pass the policy's tokenizer (its pad/EOS ids collate the batch)")
+    return cfg, algo, rollouts
+
+
+def _with_length_budget(algo: Mapping, cfg: TrainingConfig, cb: CollatedBatch) -> Mapping:
+    "`constant` aggregation (Dr. GRPO) divides by the length budget, max_new_tokens, not by the batch's longest row."
+    if algo.get("aggregation") != "constant" or algo.get("max_completion_length") is not None: return algo
+    return {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
+
+
 def _checked_rewards(r, B: int, device, fn: str) -> Tensor:
     "`reward_transform`'s result as a float32 (B,) tensor of finite real numbers, or an error saying what came back."
     got = f"{fn}: `reward_transform` returned {reprlib.repr(r)}"
@@ -246,10 +248,10 @@ def _checked_rewards(r, B: int, device, fn: str) -> Tensor:
 
 
 def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable | None, fn: str,
-                 vector_ok: bool = False) -> CollatedBatch:
-    "The batch with its rewards through `reward_transform`: (B,) and finite (or (B, K) if `vector_ok`), else an error."
+                 spec=None) -> CollatedBatch:
+    "The batch with its rewards through `reward_transform`: (B,) and finite (or (B, K) if the spec takes vectors)."
     if reward_transform is None:
-        if cb.rewards.ndim == 2 and not vector_ok:
+        if cb.rewards.ndim == 2 and not (spec is not None and spec.vector_rewards):
             raise ValueError(f"{fn}: rewards have {cb.rewards.shape[1]} components per rollout (a vector reward_fn); "
                              "pass reward_transform=create_reward_transform(weights=...) to turn them into one number")
         return cb
@@ -271,8 +273,8 @@ def _corrects_in_update(cfg: TrainingConfig) -> bool:
 
 
 def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, spec, head,
-                       cfg: TrainingConfig, advantages: bool = True) -> CollatedBatch:
-    "Step 3, without gradient: old-policy log-probs (PPO: and values), reference log-probs, then the advantages."
+                       cfg: TrainingConfig) -> CollatedBatch:
+    "Step 3, without gradient: old-policy log-probs (PPO: and values), reference and teacher log-probs, spec's fields."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
     # a correction of the sampler's log-probs (vLLM, a bf16 copy) acts before the micro-batches are cut, after the
     # trainer scores the tokens once more, unless the update's own pass can apply it (TIS, "none": see above)
@@ -294,8 +296,6 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
                 state.teacher, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
         if spec is not None and spec.prepare_batch is not None:  # fields the algorithm computes itself
             cb = _prepared_batch(spec.prepare_batch(state, cb, algo), cb)
-        if spec is not None and advantages:  # advantages (PPO: and returns), once per batch (several processes: later)
-            cb = compute_batch_advantages(cb, algo)
     return cb
 
 
@@ -308,6 +308,23 @@ def _prepared_batch(out, cb: CollatedBatch) -> CollatedBatch:
         raise ValueError("training_step: the algorithm's `prepare_batch` changed the batch's rows or widths; it may "
                          "set fields, not add or drop rows or tokens")
     return out
+
+
+def _prepared_state(state: TrainingState, spec) -> tuple[TrainingState, Any]:
+    "(the state after the spec's `prepare_state`, e.g. PPO's value head added, the value head if the spec has one)."
+    if spec is not None and spec.prepare_state is not None: state = spec.prepare_state(state)
+    return state, state.value_head if spec is not None and spec.value_head else None
+
+
+def _prepared_extensions(extensions: list, state: TrainingState, cb: CollatedBatch, cfg: TrainingConfig, spec,
+                         metrics: dict) -> tuple[CollatedBatch, TrainingConfig, dict]:
+    "Each step extension's `prepare` (e.g. the high-entropy mask), in order, with the model's precision for its passes."
+    with precision_context(cfg.mixed_precision, model_device(state.model)):  # a scoring pass, like the update's
+        for ext in extensions:
+            if ext.prepare is None: continue
+            cb, cfg, more = ext.prepare(state, cb, cfg, spec)
+            metrics = {**metrics, **more}
+    return cb, cfg, metrics
 
 
 def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -> tuple[CollatedBatch, dict]:
@@ -326,14 +343,14 @@ def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -
 
 # %% ../nbs/42_training.ipynb #1ebec406
 def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: Mapping, kl_fn: Callable | None,
-                      cfg: TrainingConfig, measure_kl: bool, iteration: int,
-                      fn: str) -> tuple[Tensor, Mapping, Tensor]:
-    "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), the entropy bonus."
-    dp = _data_parallel()  # sharded (FSDP): one forward per micro-batch on every rank, so no shared-prompt pass
+                      cfg: TrainingConfig, measure_kl: bool, iteration: int, fn: str,
+                      extensions: Sequence = ()) -> tuple[Tensor, Mapping, Tensor]:
+    "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), extensions' terms."
+    sharded = _data_parallel().is_sharded(model)  # FSDP: one forward per micro-batch on every rank, no shared prompts
     with precision_context(cfg.mixed_precision, model_device(model)):  # the forward only: the loss stays float32
         out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
                                           temperature=cfg.temperature, value_head=head, return_entropy=True,
-                                          share_prompts=dp is None or not dp.is_sharded(model))
+                                          share_prompts=not sharded)
     logprobs, entropy = out[0], out[1]  # (b, C) each, with grad
     if head is not None: mb = mb._replace(values=out[2])  # PPO: values from the same pass
     if mb.old_logprobs is None and mb.rollout_logprobs is not None and cfg.rollout_correction != "none":
@@ -349,21 +366,21 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
     if not torch.isfinite(loss):
         raise FloatingPointError(f"{fn}: the loss is {loss.item()} at iteration {iteration}; "
                                  "stopping before it reaches the weights")
-    # minus entropy_coef x the entropy, averaged like the policy loss, so that micro-batches add up to the batch
-    bonus, entropy_metrics = entropy_bonus(entropy, mb.loss_mask, cfg.entropy_coef,
-                                           algo.get("aggregation", "token_mean"), algo.get("max_completion_length"))
-    loss, metrics = loss + bonus, {**metrics, **entropy_metrics}
+    for ext in extensions:  # e.g. the entropy bonus, averaged like the loss so that micro-batches add up to the batch
+        if ext.loss_term is None: continue
+        term, more = _checked_loss(ext.loss_term(mb, logprobs, entropy, cfg, algo), fn, "a step extension's loss_term")
+        loss, metrics = loss + term, {**metrics, **more}
     if measure_kl and "kl/mean" not in metrics and mb.ref_logprobs is not None:  # a loss that does not measure the KL
         kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
         metrics = {**metrics, "kl/mean": float(kl.sum() / mb.loss_mask.sum().clamp(min=1))}
     if measure_kl and "teacher/reverse_kl" not in metrics and mb.teacher_logprobs is not None:  # any algorithm
-        metrics = {**metrics, **teacher_metrics(logprobs, mb.teacher_logprobs, mb.loss_mask)}
+        metrics = {**metrics, **teacher_metrics(logprobs, mb.teacher_logprobs, mb.loss_mask)}  # chapter *KL*
     return loss, metrics, logprobs.detach()  # (b, C): the trainer's log-probs, for the sampler's mismatch
 
 
 def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, loss_fn: Callable, algo: Mapping,
                 kl_fn: Callable | None, cfg: TrainingConfig, step_fn: Callable, first: bool,
-                fn: str, scale: float = 1.0) -> tuple[TrainingState, dict]:
+                fn: str, scale: float = 1.0, extensions: Sequence = ()) -> tuple[TrainingState, dict]:
     "Steps 4 and 5: each micro-batch's loss, scaled by its share, back-propagated; then one optimizer step."
     totals, loss_value = {}, 0.0
     # the sampler's log-probs not yet compared with the trainer's (no rescoring pass): compared with this update's
@@ -371,7 +388,7 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
         cb.rollout_logprobs is not None else None  # (B, C)
     for idx, weight in chunks:
         loss, metrics, logprobs = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn, cfg,
-                                                    first, state.iteration, fn)
+                                                    first, state.iteration, fn, extensions)
         (loss * weight * scale).backward()  # scale: a sharded rank's share of the batch (FSDP sums the ranks)
         loss_value += weight * loss.item()
         for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
@@ -385,11 +402,28 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
     return state._replace(global_step=state.global_step + 1), metrics
 
 # %% ../nbs/42_training.ipynb #fc965e87
+class OneProcess:
+    "The seam of data parallelism in one process: each hook leaves things as they are (rlnb.distributed: several)."
+    def process_rank(self) -> int: return 0  # rank 0 writes the run's files
+    def check_distributed_config(self, config) -> None: pass  # the same config on every rank
+    def create_sharded_prompt_loader(self, loader, seed): return loader  # each rank's share of the prompts
+    def sync_parameters(self, state) -> int: return 0  # rank 0's weights (and a new value head) on every rank
+    def full_parameters(self, *modules): return contextlib.nullcontext()  # sharded weights gathered for a pass
+    def batch_advantages(self, cb, algo): return compute_batch_advantages(cb, algo)  # groups across ranks
+    def loss_share(self, cb, algo, units=None) -> float: return 1.0  # this rank's part of what the loss averages
+    def sharded_micro_batches(self, model, chunks, share): return chunks, 1.0  # FSDP: as many on every rank
+    def averaged_step(self, step_fn, share): return step_fn  # the optimizer step on the all-reduced gradient
+    def is_sharded(self, module) -> bool: return False  # FSDP
+    def reduced_stats(self, stats, cb, raw_rewards, share): return stats  # the whole batch's metrics
+    def any_rank(self, flag) -> bool: return bool(flag)  # ranks skip, stop and return together
+    def rank_failure(self, error, iteration, config): return None  # a dead peer, told apart from our own error
+
+
 def _data_parallel(start: bool = False):
-    "rlnb.distributed (chapter *Several processes*, later) when several processes train together, else None."
+    "rlnb.distributed (chapter *Several processes*, later) when several processes train together, else OneProcess()."
     import torch.distributed as dist
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    if not several and not (start and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1): return None
+    if not several and not (start and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1): return OneProcess()
     from rlnb import distributed  # imported only when a process group is (or is to be) up
     if start: distributed.init_distributed()  # torchrun's environment: join the group (gloo on CPU, nccl on CUDA)
     return distributed
@@ -397,8 +431,7 @@ def _data_parallel(start: bool = False):
 
 def _is_writer() -> bool:
     "Whether this process writes the run's files: the only one, or rank 0 of several."
-    dp = _data_parallel()
-    return dp is None or dp.process_rank() == 0
+    return _data_parallel().process_rank() == 0
 
 # %% ../nbs/42_training.ipynb #d722dd59
 def training_step(
@@ -415,52 +448,32 @@ def training_step(
     optimizer_step_fn: Callable | None = None,  # (state, max_grad_norm) -> grad norm; None = default_optimizer_step
 ) -> tuple[TrainingState, TrainingStats]:
     "Learn from one rollout batch: collate once, shared quantities once, then micro-batched optimizer updates."
-    fn = "training_step"
-    cfg = config or (state.metadata or {}).get("config") or TrainingConfig()
-    algo = algorithm_config(state.iteration) if callable(algorithm_config) else algorithm_config
-    if not isinstance(algo, Mapping):
-        raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) "
-                        "or a function of the iteration")
-    if kl_fn is not None: algo = {**algo, "kl_fn": kl_fn}
-    rollouts = list(batch.rollouts if isinstance(batch, Batch) else batch)
-    if not rollouts: raise ValueError(f"{fn}: `batch` is empty; expected at least one Rollout")
-    if tokenizer is None:
-        raise ValueError(f"{fn}: `tokenizer` is None; pass the policy's tokenizer (its pad/EOS ids collate the batch)")
-    step_fn, loss_fn = optimizer_step_fn or default_optimizer_step, loss_fn or compute_loss_by_algorithm
-    cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
-    raw_rewards = cb.rewards
+    fn, dp, extensions = "training_step", _data_parallel(), step_extensions()  # dp: one process, or several
+    cfg, algo, rollouts = _step_inputs(state, batch, algorithm_config, tokenizer, config, kl_fn, fn)
     spec = find_algorithm(algo.get("name"))  # None: an algorithm only a custom loss_fn knows
-    cb = _transformed(cb, rollouts, reward_transform, fn, spec is not None and spec.vector_rewards)  # 2.
-    # Dr. GRPO: the budget, not the longest row
-    if algo.get("aggregation") == "constant" and algo.get("max_completion_length") is None:
-        algo = {**algo, "max_completion_length": max(cfg.max_new_tokens, cb.completion_ids.shape[1])}
-    if spec is not None and spec.prepare_state is not None: state = spec.prepare_state(state)  # PPO: its value head
-    head = state.value_head if spec is not None and spec.value_head else None
-    dp = _data_parallel()  # several processes: the shared pieces below (None in one process)
-    if dp is not None: dp.sync_parameters(state)  # rank 0's weights (and PPO's new head) on every rank
-    with dp.full_parameters(state.model, state.ref_model, head) if dp is not None else contextlib.nullcontext():
-        cb = _shared_quantities(state, cb, algo, spec, head, cfg, advantages=dp is None)  # 3.; sharded: gathered
-    if dp is not None and spec is not None: cb = dp.batch_advantages(cb, algo)  # from every rank's rows
-    cb, mismatch = _corrected(cb, algo, cfg, fn)  # the sampler's tokens reweighted or dropped, if asked
-    # the high-entropy token mask (once per batch) and this step's entropy bonus weight (in step_cfg)
-    with precision_context(cfg.mixed_precision, model_device(state.model)):  # its scoring pass, like the update's
-        cb, step_cfg, entropy_metrics = apply_entropy_controls(state, cb, cfg, spec, fn)
+    loss_fn, step_fn = loss_fn or compute_loss_by_algorithm, optimizer_step_fn or default_optimizer_step
+    cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
+    raw_rewards, cb = cb.rewards, _transformed(cb, rollouts, reward_transform, fn, spec)  # 2.
+    algo = _with_length_budget(algo, cfg, cb)
+    state, head = _prepared_state(state, spec)  # 3. what the spec prepares: PPO's value head
+    dp.sync_parameters(state)
+    with dp.full_parameters(state.model, state.ref_model, head):  # old, reference, teacher log-probs; prepare_batch
+        cb = _shared_quantities(state, cb, algo, spec, head, cfg)
+    if spec is not None: cb = dp.batch_advantages(cb, algo)  # 4. the advantages (PPO: and returns), once per batch
+    cb, metrics = _corrected(cb, algo, cfg, fn)  # 5. the sampler's tokens reweighted or dropped, if asked
+    cb, step_cfg, metrics = _prepared_extensions(extensions, state, cb, cfg, spec, metrics)  # e.g. the entropy mask
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
+    share = dp.loss_share(cb, algo, units)  # this process's part of what the loss averages over (one process: 1)
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)
-    scale = 1.0
-    if dp is not None:  # gradients summed over ranks, each weighted by its share of the loss's tokens, rows or pairs
-        share = dp.loss_share(cb, algo, units)
-        step_fn = dp.averaged_step(step_fn, share)
-        if dp.is_sharded(state.model): chunks, scale = dp.even_micro_batches(chunks), share  # FSDP: loss x share
+    (chunks, scale), step_fn = dp.sharded_micro_batches(state.model, chunks, share), dp.averaged_step(step_fn, share)
     lr, per_update = state.optimizer.param_groups[0]["lr"], []
-    for update in range(cfg.updates_per_batch):  # 4. and 5.
-        state, metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, step_cfg, step_fn, update == 0,
-                                     fn, scale)
-        per_update.append(metrics)
-    stats = _step_stats(per_update, cb, raw_rewards, lr, algo)
-    stats = stats._replace(custom_metrics={**stats.custom_metrics, **mismatch, **entropy_metrics})
-    if dp is not None: stats = dp.reduced_stats(stats, cb, raw_rewards, share)  # the whole batch's metrics
-    state = update_entropy_control(state, cfg, stats.custom_metrics["entropy/mean"])  # with entropy_target
+    for update in range(cfg.updates_per_batch):  # 6. micro-batched losses and backward passes, one optimizer step
+        state, update_metrics = _one_update(state, cb, chunks, head, loss_fn, algo, kl_fn, step_cfg, step_fn,
+                                            update == 0, fn, scale, extensions)
+        per_update.append(update_metrics)
+    stats = dp.reduced_stats(_step_stats(per_update, cb, raw_rewards, lr, algo, metrics), cb, raw_rewards, share)
+    for ext in extensions:  # 7. after the step: e.g. the adaptive entropy weight
+        if ext.finish is not None: state = ext.finish(state, cfg, stats.custom_metrics)
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
 
 # %% ../nbs/42_training.ipynb #06b4e87b
@@ -522,8 +535,7 @@ def training_iteration(
         raise TypeError(f"training_iteration: `rollout_fn` must return a Batch, got {type(batch).__name__}")
     t_rollout = time.perf_counter() - t0
     batch = _hooked_batch(state, batch, iteration_hook)
-    dp = _data_parallel()
-    empty = len(batch) == 0 if dp is None else dp.any_rank(len(batch) == 0)  # ranks skip together
+    empty = _data_parallel().any_rank(len(batch) == 0)  # several processes: ranks skip together
     if empty: new_state, stats = _skipped_step(state)  # e.g. a filter dropped every group
     else:
         new_state, stats = training_step(state, batch, algorithm_config, tokenizer=tokenizer, config=config,
@@ -901,12 +913,12 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
     return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
 
 
-def _run_specs(algo: Mapping | Callable, num_iterations: int) -> list[AlgorithmSpec]:
-    "The registered specs of every algorithm the run uses, once each, in order: a schedule is read at every iteration."
+def _run_specs(algo: Mapping | Callable, num_iterations: int) -> dict[str, AlgorithmSpec]:
+    "{name: spec} of every registered algorithm the run uses, in order: a schedule is read at every iteration."
     configs = [algo(i) for i in range(num_iterations)] if callable(algo) else [algo]
-    specs = [find_algorithm(c.get("name")) for c in configs if isinstance(c, Mapping)]
-    specs = {id(s): s for s in specs if s is not None}.values()  # a spec's defaults are dicts: by identity
-    return [check_algorithm_spec(s, "train") for s in specs]  # also those set in ALGORITHMS without a check
+    names = dict.fromkeys(c.get("name") for c in configs if isinstance(c, Mapping))  # once each, in order
+    specs = {n: find_algorithm(n) for n in names}
+    return {n: check_algorithm_spec(s, "train") for n, s in specs.items() if s is not None}  # also those set by hand
 
 
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
@@ -1001,26 +1013,27 @@ def train(
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
     if teacher is not None and config.teacher is not None:
         raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
-    dp = _data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; None in one process
-    if config.fsdp and dp is None:
+    dp = _data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; else OneProcess()
+    if config.fsdp and isinstance(dp, OneProcess):
         raise ValueError(f"{fn}: fsdp=True shards the model over several processes, but this is one; launch with "
                          "`torchrun --nproc_per_node N -m rlnb.cli train ...`, or set fsdp=False (a checkpoint of a "
                          "sharded run resumes in one process with fsdp=False)")
     with _output_lock(config):  # one writer per output_dir, until train returns
         metrics_path, ckpt_path = _output_paths(config, fn)
-        if dp is not None: dp.check_distributed_config(config)  # the same config everywhere; after every rank's check
+        dp.check_distributed_config(config)  # several processes: the same config everywhere, after each one's checks
         set_seed(config.seed)
         state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
         teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
-        state = attach_teacher(state, tokenizer, teacher, first, config.dtype, fn)
+        specs = _run_specs(algo, config.num_iterations)  # every algorithm of the run (a schedule: several)
+        needed_by = next((n for n, s in specs.items() if s.needs_teacher), None)  # opd: a teacher is required
+        state = attach_teacher(state, tokenizer, teacher, needed_by, config.dtype, fn)  # chapter *KL*
         with _torch_threads(default_num_threads(state.model, config.num_threads)):
-            specs = _run_specs(algo, config.num_iterations)  # every algorithm of the run (a schedule: several)
-            if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, specs, fn)
+            if config.resume: state = _resumed(state, config, ckpt_path, metrics_path, prompts, specs.values(), fn)
             if config.fsdp: state = dp.shard_training_state(state)  # FSDP (chapter *Several processes*): after resume
             _warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
             prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
-            if dp is not None: prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # a block
-            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn, specs)
+            prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # several: this rank's block
+            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn, specs.values())
             if eval_fn is None and config.eval_every and not own_prompts:
                 eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
             loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
@@ -1160,7 +1173,7 @@ def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: li
     ahead = (_RolloutsAhead(loop_hooks["rollout_fn"], loop_hooks["tokenizer"], config) if config.off_policy_steps
              else None)
     state = _restored_pending(state, ahead)
-    t0, skipped, dp = time.perf_counter(), 0, _data_parallel()
+    t0, skipped, dp = time.perf_counter(), 0, _data_parallel()  # dp: one process, or several
     try:
         while state.iteration < config.num_iterations:
             under_way = state.iteration + 1  # counted from 1: the iteration a dead rank's error names
@@ -1179,17 +1192,17 @@ def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: li
             if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
                 metrics.update(evaluate(state))
             stop = stop_fn is not None and _checked_stop(stop_fn(state, metrics))
-            if dp is not None: done = dp.any_rank(done or stop)  # ranks stop together: rank 0 alone evaluated
+            done = dp.any_rank(done or stop)  # several processes stop together: rank 0 alone evaluated
             every = config.checkpoint_every
             if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
                 checkpoint_fn(state if ahead is None else ahead.saved_with(state))
             if done or stop: break
     except Exception as e:  # several processes: a rank died (chapter *Several processes*, later) or not ours
-        failure = None if dp is None else dp.rank_failure(e, under_way, config)
+        failure = dp.rank_failure(e, under_way, config)
         if failure is None: raise
         raise failure from e
     finally:
         if ahead is not None: ahead.pool.shutdown(wait=True, cancel_futures=True)
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
-    if dp is not None: dp.any_rank(False)  # ranks return together: rank 0's last checkpoint is on disk
+    dp.any_rank(False)  # several processes return together: rank 0's last checkpoint is on disk
     return state

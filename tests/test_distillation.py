@@ -5,8 +5,8 @@ import torch
 from rlnb.algorithms import (aggregate_loss, compute_batch_advantages, compute_loss_by_algorithm,
                              create_algorithm_config, grpo_loss)
 from rlnb.core import CollatedBatch, TrainingConfig, set_seed
-from rlnb.distillation import (attach_teacher, check_same_tokenizer, check_teacher_model, distillation_advantages,
-                               load_teacher, opd_advantages, teacher_metrics)
+from rlnb.distillation import distillation_advantages, opd_advantages
+from rlnb.kl import attach_teacher, check_same_tokenizer, check_teacher_model, load_teacher, teacher_metrics
 from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS
 from rlnb.tiny import build_tiny_model, build_tokenizer, load_tiny_model
 from rlnb.training import create_training_state, train, training_step
@@ -221,7 +221,7 @@ def test_a_teacher_with_another_tokenizer_is_refused(tiny):
 def test_attach_keeps_a_states_teacher(tiny):
     model, tok = tiny
     state = create_training_state(model, TrainingConfig(lora_r=0))._replace(teacher=model)
-    assert attach_teacher(state, tok, None, create_algorithm_config("opd")).teacher is model
+    assert attach_teacher(state, tok, None, needed_by="opd").teacher is model
 
 
 @pytest.mark.slow

@@ -28,7 +28,8 @@ PUBLIC = {
                      "load_tiny_reward_model",
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
-          "create_periodic_updater update_reference_model",
+          "create_periodic_updater update_reference_model check_same_tokenizer check_teacher_model load_teacher "
+          "attach_teacher teacher_metrics",
     "rollouts": "create_rollout create_batch_rollouts create_rollout_fn create_prompt_loader DataBuffer "
                 "evaluate_accuracy create_eval_fn",
     "multiturn": "parse_tool_calls parse_function_calls chat_template_tool_parser execute_and_track_tools "
@@ -38,7 +39,8 @@ PUBLIC = {
                 "create_prompt_source create_filtered_rollout_fn",
     "algorithms": "compute_advantages compute_policy_gradient_loss compute_grpo_advantages compute_grpo_loss "
                   "create_grpo_config create_algorithm_config compute_batch_advantages compute_loss_by_algorithm "
-                  "get_algorithm_config register_algorithm find_algorithm check_algorithm_spec",
+                  "get_algorithm_config register_algorithm find_algorithm check_algorithm_spec StepExtension "
+                  "register_step_extension step_extensions STEP_EXTENSIONS",
     "catalogue": "compute_rloo_advantages compute_reinforce_advantages compute_reinforce_loss compute_dapo_loss "
                  "create_dapo_config gspo_loss compute_reinforce_pp_advantages DAPO_DEFAULTS",
     "dpo": "compute_dpo_pairs compute_dpo_loss dpo_loss",
@@ -52,18 +54,18 @@ PUBLIC = {
                      "clip_cov_select compute_clip_cov_advantages kl_cov_loss policy_tokens finish_policy_loss "
                      "PolicyTokens",
     "entropy": "entropy_bonus high_entropy_mask adaptive_entropy_coef entropy_coefficient update_entropy_control "
-               "apply_entropy_controls",
+               "apply_entropy_controls entropy_loss_term finish_entropy_control ENTROPY_CONTROLS",
     "passk": "evaluate_pass_at_k PassAtK compute_passk_advantages",
     "distributed": "world_size process_rank init_distributed config_digest check_distributed_config shard_prompts "
                    "rank_seed create_sharded_prompt_loader sync_parameters batch_advantages loss_share "
                    "all_reduce_gradients averaged_step reduced_stats any_rank is_sharded decoder_layers shard_module "
-                   "shard_training_state full_parameters full_training_state sharded_hooks even_micro_batches",
-    "distillation": "distillation_advantages opd_advantages teacher_metrics check_same_tokenizer check_teacher_model "
-                    "load_teacher attach_teacher",
-    "loggers": "update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics plot_metrics "
-               "create_progress_logger create_tensorboard_logger load_wandb_metrics",
+                   "shard_training_state full_parameters full_training_state sharded_hooks even_micro_batches "
+                   "sharded_micro_batches",
+    "distillation": "distillation_advantages opd_advantages",
+    "loggers": "reward_metrics update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics "
+               "plot_metrics create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
-    "training": "training_step training_iteration train create_optimizer default_num_threads",
+    "training": "training_step training_iteration train create_optimizer default_num_threads OneProcess",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
     "tiny": "load_tiny_model build_tokenizer build_tiny_model",
