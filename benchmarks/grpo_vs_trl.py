@@ -219,7 +219,7 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
     from rlnb.rollouts import create_rollout_fn
     from rlnb.kl import create_frozen_copy, create_reference_model
     from rlnb.algorithms import create_algorithm_config
-    from rlnb.training import create_optimizer
+    from rlnb.step import create_optimizer
 
     beta = args.beta if beta is None else beta
     ref_kind = ref_kind or ("lora" if beta > 0 else "none")

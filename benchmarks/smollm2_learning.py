@@ -125,7 +125,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
     import pandas as pd
-    from rlnb.training import default_num_threads
+    from rlnb.step import default_num_threads
 
     print(
         f"torch {torch.__version__}, {default_num_threads(None)} thread(s) for a small model, "

@@ -57,6 +57,9 @@ from .passk import *  # evaluate_pass_at_k, compute_passk_advantages; registers 
 from .distillation import *  # registers opd: on-policy distillation from a teacher's per-token log-probs
 from .loggers import *
 from .checkpoints import *
+from .step import *  # the optimizer and one training step, the seam of several processes (OneProcess)
+from .train_checks import *
+from .resume import *
 from .training import *
 from .sft import *
 from .quickstart import *

@@ -18,7 +18,8 @@ from .core import Batch, GenerationConfig, Rollout
 from .chat import format_prompt
 from .models import prepare_tokenizer, auto_tokenizer
 from .rollouts import create_batch_rollouts, create_rollout_fn
-from .tiny import resolve_task, load_tiny_model, tiny_cache_path
+from .tasks import resolve_task
+from .tiny import load_tiny_model, tiny_cache_path
 
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',

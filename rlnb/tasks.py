@@ -15,9 +15,9 @@ from typing import Any, Callable, NamedTuple
 # %% auto #0
 __all__ = ['TASKS', 'TaskExample', 'Task', 'parse_number', 'extract_number', 'check_number', 'check_exact', 'safe_eval',
            'expression_numbers', 'make_reward_fn', 'make_task', 'addition_task', 'arithmetic_task', 'check_countdown',
-           'countdown_task', 'reverse_task', 'list_tasks', 'get_task', 'extract_gsm8k_answer', 'load_jsonl_dataset',
-           'check_extracted_number', 'make_dataset_task', 'final_answer', 'has_answer_form', 'chat_task',
-           'task_for_policy']
+           'countdown_task', 'reverse_task', 'list_tasks', 'get_task', 'resolve_task', 'extract_gsm8k_answer',
+           'load_jsonl_dataset', 'check_extracted_number', 'make_dataset_task', 'final_answer', 'has_answer_form',
+           'chat_task', 'task_for_policy']
 
 # %% ../nbs/12_tasks.ipynb #118b43fe
 class TaskExample(NamedTuple):
@@ -293,6 +293,17 @@ def get_task(
             raise ValueError(f"get_task: task {name!r} got unknown difficulty arguments {unknown}; "
                              f"it accepts {list(accepted)}")
     return factory(**difficulty)
+
+# %% ../nbs/12_tasks.ipynb #c2fb2319
+def resolve_task(
+    task,  # a task name (see `rlnb.tasks.list_tasks`) or a Task (anything with a `sample` method)
+    fn: str = "resolve_task",  # the caller's name, for the error message
+):  # the Task
+    "The Task that `task` names (or `task` itself); a TypeError naming `fn` for anything else."
+    if isinstance(task, str): return get_task(task)
+    if not hasattr(task, "sample"):
+        raise TypeError(f"{fn}: `task` must be a task name or a Task, got {type(task).__name__}")
+    return task
 
 # %% ../nbs/12_tasks.ipynb #be46a525
 def extract_gsm8k_answer(

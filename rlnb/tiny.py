@@ -6,19 +6,23 @@ Docs: https://rlnb.github.io/rlnb/tiny.html.md"""
 
 # %% ../nbs/16_tiny.ipynb #3c0bf599
 from __future__ import annotations
-import hashlib, inspect, json, os, threading
+import hashlib, inspect, json, os, threading, time
 from pathlib import Path
 
 import torch
 
-from .cache import SHIPPED_DIR, build_atomically, default_cache_dir, load_from_folder, shipped_or_cached
+from .cache import (SHIPPED_DIR, build_atomically, default_cache_dir, load_from_folder, quiet_progress_bars,
+                        shipped_or_cached)
 from .core import ModelConfig
+from .tasks import resolve_task
 from .models import MODEL_LOADERS, TOKENIZER_LOADERS
+from .loggers import create_jsonl_logger, load_metrics
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION', 'DEFAULT_TINY_CONFIG', 'DEFAULT_SFT_CONFIG',
            'DEFAULT_SFT_STEPS', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols', 'build_tokenizer', 'build_tiny_model',
-           'resolve_task', 'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path', 'load_tiny_model']
+           'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path', 'train_tiny_model_into', 'read_tiny_history',
+           'load_tiny_model']
 
 # %% ../nbs/16_tiny.ipynb #a6a16885
 # control tokens, skipped by `skip_special_tokens`
@@ -106,19 +110,6 @@ def build_tiny_model(
     model.generation_config = HFGenerationConfig(**ids)
     return model.float().eval()
 
-# %% ../nbs/16_tiny.ipynb #c2fb2319
-def resolve_task(
-    task,  # a task name (see `rlnb.tasks.list_tasks`) or a Task (anything with a `sample` method)
-    fn: str = "load_tiny_model",  # the caller's name, for the error message
-):  # the Task
-    "The Task that `task` names (or `task` itself); a TypeError naming `fn` for anything else."
-    if isinstance(task, str):
-        from rlnb.tasks import get_task
-        return get_task(task)
-    if not hasattr(task, "sample"):
-        raise TypeError(f"{fn}: `task` must be a task name or a Task, got {type(task).__name__}")
-    return task
-
 # %% ../nbs/16_tiny.ipynb #6f98debf
 TINY_FORMAT_VERSION = 3  # bump when a change to this module makes old caches wrong
 # `build_tiny_model` arguments of the default model
@@ -148,7 +139,7 @@ def tiny_cache_path(
     sft_config: dict | None = None,  # overrides of `DEFAULT_SFT_CONFIG`
 ) -> Path:
     "The folder `load_tiny_model` uses for these settings."
-    task = resolve_task(task)
+    task = resolve_task(task, "tiny_cache_path")
     steps = DEFAULT_SFT_STEPS if steps is None else steps
     key = dict(version=TINY_FORMAT_VERSION, model={**DEFAULT_TINY_CONFIG, **(model_config or {})},
                sft={**DEFAULT_SFT_CONFIG, **(sft_config or {})}, task=task.name,
@@ -175,6 +166,44 @@ def tiny_model_path(
     return shipped_or_cached(tiny_cache_path(task, steps, seed, None, model_config, sft_config).name, _is_complete,
                              cache_dir)
 
+# %% ../nbs/16_tiny.ipynb #a3d74dfb
+def train_tiny_model_into(
+    tmp: Path,  # an empty folder (build_atomically's temporary one)
+    task,  # a Task
+    steps: int,  # SFT steps
+    seed: int,  # seed of the initialisation and the data
+    model_config: dict | None,  # overrides of DEFAULT_TINY_CONFIG
+    sft_config: dict | None,  # overrides of DEFAULT_SFT_CONFIG
+    progress: bool,  # text progress lines
+) -> None:
+    "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
+    from rlnb.step import default_num_threads  # chapter *One training step*
+    from rlnb.tiny_sft import sft_tiny_model  # the SFT recipe: chapter *How the tiny model is made*
+    tokenizer = build_tokenizer()
+    model_kw, sft_kw = {**DEFAULT_TINY_CONFIG, **(model_config or {})}, {**DEFAULT_SFT_CONFIG, **(sft_config or {})}
+    model = build_tiny_model(tokenizer, **model_kw, seed=seed)
+    t0 = time.perf_counter()
+    metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
+                             logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
+    seconds = time.perf_counter() - t0
+    with quiet_progress_bars():  # a bar for a 2 MB local write is noise
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
+    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
+                   model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
+                   seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
+                   accuracy=float(acc.iloc[-1]) if len(acc) else None,
+                   built_on=dict(cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__))
+    (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
+
+
+def read_tiny_history(
+    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's (`tiny_model_path()`)
+):  # DataFrame: one row per step (loss/sft, lr, ...) and per evaluation (eval/accuracy)
+    "The SFT metrics stored beside a cached tiny model."
+    return load_metrics(Path(tiny_model_path() if path is None else path) / METRICS_FILE)
+
 # %% ../nbs/16_tiny.ipynb #f611ee41
 _MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
 
@@ -193,7 +222,7 @@ def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str
 # %% ../nbs/16_tiny.ipynb #f611ee02
 def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    task = resolve_task(task)
+    task = resolve_task(task, "load_tiny_model")
     if steps is None: steps = DEFAULT_SFT_STEPS
     if not isinstance(steps, int) or steps <= 0:
         raise ValueError(f"load_tiny_model: `steps` must be a positive int, got {steps!r}")
@@ -207,8 +236,7 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
         name = getattr(task, "name", task)
         print(f"rlnb: building the tiny model for {name!r} once (supervised training, minutes on a CPU); "
               f"it is cached in {path}", flush=True)
-    from rlnb.tiny_sft import train_tiny_model_into  # SFT, the first time only (chapter *How the tiny model is made*)
-    build = lambda tmp: train_tiny_model_into(tmp, task, steps, seed, model_config, sft_config, progress)
+    build = lambda tmp: train_tiny_model_into(tmp, task, steps, seed, model_config, sft_config, progress)  # once
     build_atomically(path, build, _is_complete)
     load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = load_from_folder(load, path, "the tiny model")

@@ -6,22 +6,15 @@ Docs: https://rlnb.github.io/rlnb/tiny_sft.html.md"""
 
 # %% ../nbs/46_tiny_sft.ipynb #89b1b9b5
 from __future__ import annotations
-import inspect, json, os, time
-from pathlib import Path
+import inspect
 
-import torch
-
-from .cache import quiet_progress_bars
 from .checkpoints import rng_state, set_rng_state
-from .loggers import create_jsonl_logger, load_metrics
 from .rollouts import evaluate_accuracy
 from .sft import sft
-from .tiny import (DEFAULT_SFT_CONFIG, DEFAULT_TINY_CONFIG, METRICS_FILE, SUMMARY_FILE, resolve_task,
-                       build_tiny_model, build_tokenizer, tiny_model_path)
-from .training import default_num_threads
+from .tasks import resolve_task
 
 # %% auto #0
-__all__ = ['SFT_CONFIG_KEYS', 'sft_tiny_model', 'train_tiny_model_into', 'read_tiny_history']
+__all__ = ['SFT_CONFIG_KEYS', 'sft_tiny_model']
 
 # %% ../nbs/46_tiny_sft.ipynb #c9aaa03f
 def _held_out_split(task, n_train: int, eval_size: int, seed: int, eval_seed: int):
@@ -45,7 +38,7 @@ def sft_tiny_model(
     examples: int = 24_000,
     learning_rate: float = 1e-3,  # peak learning rate (AdamW)
     warmup_steps: int = 50,  # linear learning-rate warm-up
-    lr_schedule: str = "constant",  # after warm-up: "constant", "cosine" or "wsd" (see rlnb.training.lr_multiplier)
+    lr_schedule: str = "constant",  # after warm-up: "constant", "cosine" or "wsd" (see rlnb.step.lr_multiplier)
     eval_every: int = 25,  # steps between held-out evaluations (0 = none)
     eval_size: int = 256,  # held-out prompts (0 = no evaluation)
     eval_seed: int = 1_000_003,  # seed of the held-out prompts
@@ -53,7 +46,7 @@ def sft_tiny_model(
     stop_at_accuracy: float | None = None,
     seed: int = 0,  # seeds the training examples and their order
     system_prompt: str | None = None,  # None = the task's (none for the tiny tasks)
-    num_threads: int | None = None,  # torch CPU threads (None = rlnb.training.default_num_threads)
+    num_threads: int | None = None,  # torch CPU threads (None = rlnb.step.default_num_threads)
     logger=None,  # extra (state, stats) -> None loggers, e.g. rlnb.loggers.create_jsonl_logger(path)
     progress: bool = True,  # text progress lines
 ):  # the metrics DataFrame of the run (loss/sft per step, eval/accuracy at evaluations)
@@ -85,39 +78,3 @@ def sft_tiny_model(
 # the `sft_config` keys `load_tiny_model` accepts: sft_tiny_model's settings
 SFT_CONFIG_KEYS = (frozenset(inspect.signature(sft_tiny_model).parameters)
                    - {"model", "tokenizer", "task", "steps", "seed", "logger", "progress"})
-
-# %% ../nbs/46_tiny_sft.ipynb #a3d74dfb
-def train_tiny_model_into(
-    tmp: Path,  # an empty folder (build_atomically's temporary one)
-    task,  # a Task
-    steps: int,  # SFT steps
-    seed: int,  # seed of the initialisation and the data
-    model_config: dict | None,  # overrides of DEFAULT_TINY_CONFIG
-    sft_config: dict | None,  # overrides of DEFAULT_SFT_CONFIG
-    progress: bool,  # text progress lines
-) -> None:
-    "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
-    tokenizer = build_tokenizer()
-    model_kw, sft_kw = {**DEFAULT_TINY_CONFIG, **(model_config or {})}, {**DEFAULT_SFT_CONFIG, **(sft_config or {})}
-    model = build_tiny_model(tokenizer, **model_kw, seed=seed)
-    t0 = time.perf_counter()
-    metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
-                             logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
-    seconds = time.perf_counter() - t0
-    with quiet_progress_bars():  # a bar for a 2 MB local write is noise
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
-    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
-                   model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
-                   seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
-                   accuracy=float(acc.iloc[-1]) if len(acc) else None,
-                   built_on=dict(cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__))
-    (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
-
-
-def read_tiny_history(
-    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's (`tiny_model_path()`)
-):  # DataFrame: one row per step (loss/sft, lr, ...) and per evaluation (eval/accuracy)
-    "The SFT metrics stored beside a cached tiny model."
-    return load_metrics(Path(tiny_model_path() if path is None else path) / METRICS_FILE)

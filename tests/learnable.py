@@ -5,7 +5,8 @@ from rlnb.kl import create_reference_model
 from rlnb.models import apply_lora
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, train
+from rlnb.step import create_optimizer
+from rlnb.training import train
 
 TASK = get_task("addition")
 RUN = dict(num_iterations=20, group_size=8, eval_every=0)  # 8 prompts x 8 completions an iteration

@@ -12,7 +12,7 @@ import torch
 
 from bad_inputs import check_bad_input, model, run, small, tok
 
-from rlnb import algorithms, core, kl, rewards, tiny, training
+from rlnb import algorithms, core, kl, rewards, tiny, train_checks, training
 from rlnb.core import Batch, Generation, Rollout, TrainingState, create_training_config
 
 torch.set_num_threads(1)
@@ -50,7 +50,7 @@ case("sig/ref_model_update_fn of one argument", TypeError, ["`ref_model_update_f
      lambda t: run(config=small(beta=0.1), ref_model_update_fn=lambda ref: ref))
 case("sig/keyword-only argument", TypeError, ["`stop_fn` must accept 2 arguments", "(s, *, metrics)"],
      lambda t: run(stop_fn=lambda s, *, metrics: False))
-for _name in training._HOOK_SIGNATURES:  # each hook train takes: a function of six required arguments is refused
+for _name in train_checks.HOOK_SIGNATURES:  # each hook train takes: a function of six required arguments is refused
     case(f"sig/{_name} of six arguments", TypeError, f"`{_name}` must accept",
          lambda t, n=_name: run(**{n: lambda a, b, c, d, e, f: None}))
 

@@ -208,7 +208,7 @@ def test_micro_batches_give_the_full_batch_gradient_with_vector_rewards():
     from rlnb.models import apply_lora
     from rlnb.kl import create_reference_model
     from rlnb.core import TrainingState
-    from rlnb.training import create_optimizer, training_step
+    from rlnb.step import create_optimizer, training_step
     base, tok = load_tiny_model("addition", progress=False)
     set_seed(0)
     policy = apply_lora(base, r=4)

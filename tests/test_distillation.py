@@ -9,7 +9,8 @@ from rlnb.distillation import distillation_advantages, opd_advantages
 from rlnb.kl import attach_teacher, check_same_tokenizer, check_teacher_model, load_teacher, teacher_metrics
 from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS
 from rlnb.tiny import build_tiny_model, build_tokenizer, load_tiny_model
-from rlnb.training import create_training_state, train, training_step
+from rlnb.step import create_training_state, training_step
+from rlnb.training import train
 
 torch.set_num_threads(1)
 SMALL = dict(num_iterations=2, prompts_per_step=2, group_size=2, max_new_tokens=6, eval_every=0, seed=0)

@@ -14,7 +14,7 @@ from rlnb.models import apply_lora
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, default_optimizer_step, training_step
+from rlnb.step import create_optimizer, default_optimizer_step, training_step
 from learnable import first_and_last, learnable_run, lora_policy
 
 GROUP, PROMPTS, WORLD = 4, 4, 2

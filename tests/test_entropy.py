@@ -12,7 +12,8 @@ from rlnb.models import apply_lora
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, train, training_step
+from rlnb.step import create_optimizer, training_step
+from rlnb.training import train
 
 torch.set_num_threads(1)
 SMALL = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=0)

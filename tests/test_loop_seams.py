@@ -12,7 +12,8 @@ import rlnb
 from rlnb import distributed
 from rlnb.algorithms import STEP_EXTENSIONS, StepExtension, get_algorithm_config, register_step_extension
 from rlnb.core import TrainingConfig
-from rlnb.training import OneProcess, train
+from rlnb.step import OneProcess
+from rlnb.training import train
 
 torch.set_num_threads(1)
 PACKAGE = Path(rlnb.__file__).parent
@@ -55,9 +56,8 @@ def import_cycles() -> list[set[str]]:
     return [set(c) for c in cycles]
 
 
-def test_no_import_cycle_but_the_tiny_models_own():
-    # the tiny model (chapter 16) builds itself with tiny_sft (chapter 46) the first time: still to be broken
-    assert [c for c in import_cycles() if c != {"tiny", "tiny_sft"}] == []
+def test_no_import_cycle():
+    assert import_cycles() == []
 
 
 def test_several_processes_have_every_function_of_the_one_process_seam():

@@ -9,7 +9,7 @@ from rlnb.models import apply_lora
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import create_optimizer, training_step
+from rlnb.step import create_optimizer, training_step
 
 GROUP = 4
 

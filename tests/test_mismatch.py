@@ -336,7 +336,7 @@ def bf16_sampled_step_setup():
 def one_step(policy, tok, start, rollouts, algorithm="grpo", **config):
     "training_step from `start`'s weights: (policy calls, its metrics, the gradients the optimizer step received)."
     from rlnb import TrainingConfig, TrainingState, create_algorithm_config, create_optimizer, training_step
-    from rlnb.training import default_optimizer_step
+    from rlnb.step import default_optimizer_step
     with torch.no_grad():
         for k, p in policy.named_parameters(): p.copy_(start[k])
     opt, _ = create_optimizer(policy, learning_rate=1e-3)

@@ -10,7 +10,8 @@ from rlnb.algorithms import create_algorithm_config
 from rlnb.core import TrainingConfig, TrainingState, create_training_config
 from rlnb.kl import create_reference_model
 from rlnb.logprobs import compute_logprobs_for_tokens, precision_context
-from rlnb.training import create_optimizer, default_optimizer_step, train, training_step
+from rlnb.step import create_optimizer, default_optimizer_step, training_step
+from rlnb.training import train
 from test_micro_batches import GROUP, accumulated_grads, setting  # noqa: F401  (`setting`: its fixture)
 from learnable import first_and_last, learnable_run, lora_policy
 

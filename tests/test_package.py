@@ -13,7 +13,7 @@ PUBLIC = {
             "model_device pad_token_id is_peft_model group_stats",
     "checks": "check_2d check_finite check_finite_number rewards_1d resolve_group_ids",
     "cache": "default_cache_dir build_atomically load_from_folder LOCK_FILE FolderInUseError lock_holder folder_lock",
-    "tasks": "get_task list_tasks load_jsonl_dataset extract_gsm8k_answer extract_number",
+    "tasks": "get_task list_tasks resolve_task load_jsonl_dataset extract_gsm8k_answer extract_number",
     "models": "load_model load_tokenizer apply_lora MODEL_LOADERS TOKENIZER_LOADERS",
     "chat": "format_prompt apply_chat_template parse_thinking",
     "generation": "generate generate_with_logprobs batch_generate merged_lora",
@@ -65,10 +65,14 @@ PUBLIC = {
     "loggers": "reward_metrics update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics "
                "plot_metrics create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
-    "training": "training_step training_iteration train create_optimizer default_num_threads OneProcess",
+    "step": "lr_multiplier create_optimizer default_optimizer_step create_training_state default_num_threads "
+            "is_metrics OneProcess data_parallel training_step",
+    "training": "training_iteration train",
+    "train_checks": "HOOK_SIGNATURES checked_template_fn checked_generator warn_unused_hooks check_train_arguments",
+    "resume": "RUN_IDENTITY output_lock output_paths check_same_run resumed_state",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
-    "tiny": "load_tiny_model build_tokenizer build_tiny_model",
+    "tiny": "load_tiny_model build_tokenizer build_tiny_model train_tiny_model_into read_tiny_history",
     "experiments": "RunResult STATUS_FILE RUN_LOCK_FILE ATTEMPTS_DIR ProcessPerRun check_run_params run_name "
                    "expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
     "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",

@@ -8,7 +8,8 @@ from rlnb.core import GenerationConfig, create_training_config
 from rlnb.algorithms import create_algorithm_config
 from rlnb.tasks import get_task
 from rlnb.tiny import load_tiny_model
-from rlnb.training import train, training_step
+from rlnb.step import training_step
+from rlnb.training import train
 from rlnb.rollouts import evaluate_accuracy
 from rlnb.quickstart import quick_start_training
 from rlnb.loggers import load_metrics
