@@ -73,12 +73,15 @@ from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
 from .environments import *  # text, self-verification and conversation environments, simulated users
 from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics
+from .docstrings import *  # document_fields, document_parameters, document_sections: what help() shows
 
 # `help(rlnb.Rollout)` shows each field's comment instead of "Alias for field number 0"
-core.document_fields(*(v for v in dict(globals()).values()
-                       if isinstance(v, type) and issubclass(v, tuple) and hasattr(v, "_fields")
-                       and getattr(v, "__module__", "").startswith("rlnb.")))
+document_fields(*(v for v in dict(globals()).values()
+                  if isinstance(v, type) and issubclass(v, tuple) and hasattr(v, "_fields")
+                  and getattr(v, "__module__", "").startswith("rlnb.")))
+# `help(rlnb.TrainingConfig)` lists its fields by section
+document_sections(TrainingConfig, TRAINING_CONFIG_SECTIONS)
 # `help(rlnb.train)` lists each parameter's comment (the `# ...` beside it in the signature) under "Parameters:"
-core.document_parameters(*(getattr(module, name) for module in list(globals().values())
-                           if getattr(module, "__name__", "").startswith("rlnb.") and hasattr(module, "__file__")
-                           for name in getattr(module, "__all__", ())))
+document_parameters(*(getattr(module, name) for module in list(globals().values())
+                      if getattr(module, "__name__", "").startswith("rlnb.") and hasattr(module, "__file__")
+                      for name in getattr(module, "__all__", ())))

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/10_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, inspect, json, math, os, random, re, reprlib, sys, tempfile, typing, warnings
+import difflib, json, math, os, random, re, reprlib, warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -14,12 +14,11 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['CONFIG_MAXIMA', 'CONTROL_CHARACTERS', 'ModelConfig', 'GenerationConfig', 'Message', 'Conversation', 'Generation',
-           'Rollout', 'Batch', 'TrainingConfig', 'document_fields', 'document_parameters', 'TrainingStats',
-           'TrainingState', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch',
-           'collate', 'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl',
-           'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats',
-           'group_stats']
+__all__ = ['TRAINING_CONFIG_SECTIONS', 'CONFIG_MAXIMA', 'CONTROL_CHARACTERS', 'ModelConfig', 'GenerationConfig', 'Message',
+           'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig', 'TrainingStats', 'TrainingState',
+           'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch', 'collate',
+           'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl',
+           'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats', 'group_stats']
 
 # %% ../nbs/10_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -126,165 +125,77 @@ class Batch(_BatchFields):
 # %% ../nbs/10_core.ipynb #a9349ad1
 class TrainingConfig(NamedTuple):
     "Every knob of an RL run, with the defaults of the README's main job (tiny model, addition, GRPO, LoRA)."
+    # model: what is trained, and from what
     model: str = "tiny"  # "tiny" (rlnb's built-in model), "smollm2", a Hugging Face id, a local folder or a .gguf file
     dtype: str = "auto"  # weights' precision: "auto" (float32 on a CPU, bf16 on a GPU), "float32" or "bfloat16"
-    mixed_precision: str = "no"  # "bf16": the update's forwards autocast to bf16, weights and AdamW float32; "no": off
+    lora_r: int = 8  # LoRA rank (alpha: 2 r); 0 trains every weight
+    teacher: str | None = None  # a model to distill from (algorithm "opd"), named like `model`; same tokenizer
+    # sampling: the prompts and the completions sampled for them
     task: str = "addition"  # a task name (rlnb.tasks.list_tasks()); gives prompts, reward and evaluation
     task_format: str = "auto"  # "plain" (tiny's "49+97"), "chat" (in words); "auto": chat unless model is tiny
-    algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
-    algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
-    beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
-    teacher: str | None = None  # a model to distill from (algorithm "opd"), named like `model`; same tokenizer
-    num_iterations: int = 800  # rollout-then-update iterations
     prompts_per_step: int = 16  # distinct prompts per iteration
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
     generator: str = "hf"  # the sampler: "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16"
-    rollout_correction: str = "none"  # sampler/trainer mismatch correction: a key of rlnb.ROLLOUT_CORRECTIONS
-    rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
-    rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
-    rollout_correction_high: float = 2.0  # icepop, geo_rs: ratios above it are dropped
-    off_policy_steps: int = 0  # 0: sample with the current weights; 1: sample the next batch while this one trains
     dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
     over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
     overlong_buffer: int | None = None  # reward ramps to -1 over this many final tokens (None: algorithm's; 0, dapo 4)
-    learning_rate: float = 3e-3  # peak learning rate (AdamW)
-    lr_schedule: str = "cosine"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
-    warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
-    weight_decay: float = 0.0  # AdamW weight decay
-    max_grad_norm: float = 1.0  # gradient clipping threshold (0: off)
+    # algorithm: the loss, and what it adds for any algorithm
+    algorithm: str = "grpo"  # a key of rlnb.algorithms.ALGORITHMS
+    algorithm_options: dict | None = None  # other knobs of the algorithm, e.g. {"clip_eps_high": 0.28}
+    beta: float | None = None  # weight of the KL penalty to the reference (None: the algorithm's default, 0 for GRPO)
     entropy_coef: float = 0.0  # weight of the entropy bonus in the loss (with entropy_target: its starting value)
     entropy_top_fraction: float = 1.0  # policy loss only on this share of tokens, the highest-entropy ones (1: all)
     entropy_target: float | None = None  # entropy (nats per token) the bonus weight adapts toward (None: fixed)
     entropy_coef_step: float = 1e-4  # the adaptive weight's change per iteration (Skywork-OR1: 1e-4)
     entropy_coef_max: float = 5e-3  # the adaptive weight's ceiling (Skywork-OR1: 0.005)
-    lora_r: int = 8  # LoRA rank (alpha: 2 r); 0 trains every weight
-    fsdp: bool = False  # several processes: shard weights, gradients and optimizer state (FSDP2), not a copy each
+    # optimisation: the updates
+    num_iterations: int = 800  # rollout-then-update iterations
+    learning_rate: float = 3e-3  # peak learning rate (AdamW)
+    lr_schedule: str = "cosine"  # after warm-up: "constant", "cosine" (to 10%) or "wsd" (decay over the last 20%)
+    warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping threshold (0: off)
     updates_per_batch: int = 1  # optimizer updates on each rollout batch (GRPO's mu)
     micro_batch_size: int | None = None  # sequences per forward/backward pass (None: the whole batch)
-    seed: int = 0  # seeds the LoRA init, the sampling and the prompt stream
+    mixed_precision: str = "no"  # "bf16": the update's forwards autocast to bf16, weights and AdamW float32; "no": off
+    # correction: samples from another policy than the one that trains
+    rollout_correction: str = "none"  # sampler/trainer mismatch correction: a key of rlnb.ROLLOUT_CORRECTIONS
+    rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
+    rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
+    rollout_correction_high: float = 2.0  # icepop, geo_rs: ratios above it are dropped
+    off_policy_steps: int = 0  # 0: sample with the current weights; 1: sample the next batch while this one trains
+    # evaluation: greedy accuracy on held-out prompts
     eval_every: int = 25  # iterations between greedy evaluations on held-out prompts (0: none)
     eval_size: int = 64  # held-out prompts per evaluation
+    # output: what the run keeps, and resuming it
     output_dir: str | None = None  # metrics.jsonl and checkpoint/ go here (None: keep nothing on disk)
     checkpoint_every: int = 0  # iterations between checkpoints in output_dir (0: only at the end)
     resume: bool = False  # continue the run saved in output_dir (False: an existing run there is an error)
     max_seconds: float | None = None  # wall-time budget of the loop (a checkpoint is still written)
+    # system: seeds, threads and processes
+    seed: int = 0  # seeds the LoRA init, the sampling and the prompt stream
     num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
+    fsdp: bool = False  # several processes: shard weights, gradients and optimizer state (FSDP2), not a copy each
 
-# %% ../nbs/10_core.ipynb #b1e540e0
-def _source_lines(
-    path: str,  # a module's file
-    cache: dict,  # path -> lines, filled as files are read
-) -> list[str]:
-    "The lines of a .py file, read once per `cache`; an error for anything else (a notebook cell's made-up name)."
-    if path not in cache:
-        cache[path] = Path(path).read_text(encoding="utf-8").splitlines() if path.endswith(".py") else None
-    if cache[path] is None: raise FileNotFoundError(path)
-    return cache[path]
-
-# %% ../nbs/10_core.ipynb #b1e540ee
-def _copy_field_comments(
-    cls,  # a NamedTuple class
-    body: list[str],  # the source lines after its `class` line
-) -> None:
-    "Set each field's `__doc__` to its comment in `body` (beside it, or on the line above), until the class ends."
-    above = None  # a comment line waiting for the field below it
-    for line in body:
-        if line.strip() and not line[0].isspace(): break  # the class's body ended
-        if m := re.match(r"\s+#\s*(.+)$", line):
-            above = m.group(1).strip()
-            continue
-        m = re.match(r"\s+(\w+)\s*:[^#]*(?:#\s*(.+))?$", line)
-        if m and m.group(1) in getattr(cls, "_fields", ()):
-            doc = m.group(2) or above
-            if doc: getattr(cls, m.group(1)).__doc__ = doc.strip()
-        above = None
-
-
-def _plain_annotations(cls) -> None:
-    "Field types as `help()` should show them (`int | None`), not the ForwardRefs a NamedTuple keeps of string types."
-    module = vars(sys.modules[cls.__module__])
-    for annotations in (cls.__annotations__, cls.__new__.__annotations__):
-        for name, kind in annotations.items():
-            if not isinstance(kind, typing.ForwardRef): continue
-            try: annotations[name] = eval(kind.__forward_arg__, module)  # rlnb's own source: `int | None`, `Tensor`
-            except Exception: annotations[name] = kind.__forward_arg__  # a name this module does not hold: its text
-
-
-def document_fields(
-    *records,  # NamedTuple classes defined in a .py file (a notebook's own classes have no source to read)
-) -> None:
-    "Give each NamedTuple field its comment (beside it, or on the line above) as `__doc__`, and its plain type."
-    sources = {}
-    for cls in records:
-        _plain_annotations(cls)
-        for klass in cls.__mro__[:-2]:  # the class, then its own bases (Batch's fields are _BatchFields'); not tuple
-            try:
-                lines = _source_lines(sys.modules[klass.__module__].__file__, sources)
-                start = next(k for k, line in enumerate(lines) if re.match(rf"class\s+{klass.__name__}\b", line))
-            except Exception: continue  # no source file (a notebook kernel's class): nothing to copy
-            _copy_field_comments(cls, lines[start + 1:])
-
-document_fields(ModelConfig, GenerationConfig, TrainingConfig)
-
-# %% ../nbs/10_core.ipynb #d0c9a1e2
-_COMMENT = re.compile(r"""((?:[^#"']|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')*)#\s?(.*)""")  # code, then its comment
-_STRING = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'""")  # a one-line string literal
-_DEF = re.compile(r"\s*(?:async\s+)?def\s+(\w+)\s*\(")
-
-
-def _split_comment(line: str) -> tuple[str, str | None]:
-    "A source line's code and its trailing comment (None without one); a '#' inside a string is code."
-    m = _COMMENT.fullmatch(line) if "#" in line else None
-    return (m.group(1), m.group(2).strip()) if m else (line, None)
-
-
-def _signature_comments(
-    lines: list[str],  # a module's source lines
-    start: int,  # index of the line with `def name(`
-    names: tuple,  # the function's parameter names
-) -> tuple[dict, str | None]:
-    "Each parameter's comment (beside it or on the line above) and the return's (`) -> T:  # ...`) in a signature."
-    docs, above, depth = {}, None, 1  # depth: brackets open, the `(` of `def name(` included
-    for k in range(start, min(start + 200, len(lines))):  # 200: no signature is longer; a bad guess stops there
-        code, comment = _split_comment(lines[k])
-        if k == start: code = code[code.index("(") + 1:]  # what follows `def name(`
-        if not code.strip():  # a comment line: it documents the parameter below it
-            above = comment
-            continue
-        param = re.match(r"\s*\*{0,2}(\w+)", code) if depth == 1 else None  # a parameter starts this line
-        plain = _STRING.sub("", code)
-        depth += plain.count("(") + plain.count("[") + plain.count("{")
-        depth -= plain.count(")") + plain.count("]") + plain.count("}")
-        if depth <= 0 and k == start: return {}, None  # a one-line signature: its comment is not a parameter's
-        if param and param.group(1) in names and (comment or above): docs.setdefault(param.group(1), comment or above)
-        above = None
-        if depth <= 0: return docs, (comment if not param else None)  # the closing line: `) -> T:  # comment`
-    return docs, None
-
-# %% ../nbs/10_core.ipynb #d0c9a1e4
-def document_parameters(
-    *functions,  # functions defined in .py files; anything else (a class, a builtin, a notebook's function) is skipped
-) -> None:
-    "Append each function's parameter comments (nbdev docments) to its `__doc__` as a 'Parameters:' list, for `help()`."
-    sources = {}  # file -> its lines, read once
-    for f in functions:
-        try:
-            code = inspect.unwrap(f).__code__  # a contextmanager's wrapper: the function it wraps
-            if re.search(r"\n(Parameters:\n|Returns: )", f.__doc__ or ""): continue  # done already
-            lines = _source_lines(code.co_filename, sources)  # a notebook's function has no file: left alone
-            n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
-            names = code.co_varnames[:n + bool(code.co_flags & inspect.CO_VARKEYWORDS)]
-            start = next(k for k in range(code.co_firstlineno - 1, len(lines))  # past any decorators
-                         if (m := _DEF.match(lines[k])) and m.group(1) == code.co_name)
-            docs, returns = _signature_comments(lines, start, names)
-        except Exception: continue  # no source file, a builtin, a class, a file changed since: leave it alone
-        if not docs and not returns: continue
-        section = ["Parameters:", *(f"    {name}: {docs[name]}" for name in names if name in docs)] if docs else []
-        section += [f"Returns: {returns}"] if returns else []
-        f.__doc__ = (f.__doc__ or "").rstrip() + "\n\n" + "\n".join(section)
+# %% ../nbs/10_core.ipynb #ed0ef7f9
+# TrainingConfig's fields by section, in its order: help(), the docs and the papermill notebook show them so
+TRAINING_CONFIG_SECTIONS = {
+    "model": ("model", "dtype", "lora_r", "teacher"),
+    "sampling": ("task", "task_format", "prompts_per_step", "group_size", "temperature", "max_new_tokens", "generator",
+                 "dynamic_sampling", "over_sampling_factor", "max_sampling_rounds", "overlong_buffer"),
+    "algorithm": ("algorithm", "algorithm_options", "beta", "entropy_coef", "entropy_top_fraction", "entropy_target",
+                  "entropy_coef_step", "entropy_coef_max"),
+    "optimisation": ("num_iterations", "learning_rate", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
+                     "updates_per_batch", "micro_batch_size", "mixed_precision"),
+    "correction": ("rollout_correction", "rollout_correction_cap", "rollout_correction_low", "rollout_correction_high",
+                   "off_policy_steps"),
+    "evaluation": ("eval_every", "eval_size"),
+    "output": ("output_dir", "checkpoint_every", "resume", "max_seconds"),
+    "system": ("seed", "num_threads", "fsdp"),
+}
 
 # %% ../nbs/10_core.ipynb #0a12b30b
 class TrainingStats(NamedTuple):

@@ -5,7 +5,7 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
-from rlnb.core import TrainingConfig
+from rlnb.core import TRAINING_CONFIG_SECTIONS, TrainingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 NB = ROOT / "nbs" / "experiments" / "grpo_training.ipynb"
@@ -19,16 +19,18 @@ def parameters_cell() -> str:
 
 
 def test_parameters_cell_is_the_config_flat():
-    "Every TrainingConfig field, in order, with its default (output_dir aside); each line parses in papermill."
+    "Every TrainingConfig field, in order and by section, with its default (output_dir aside); papermill parses it."
     src = parameters_cell()
     tree = ast.parse(src)
     names = [node.targets[0].id for node in tree.body]
     assert names == list(TrainingConfig._fields)
+    headers = [line[2:].split(":")[0] for line in src.splitlines() if line.startswith("# ")]
+    assert headers == list(TRAINING_CONFIG_SECTIONS)  # a comment line opens each section
     values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body}
     defaults = TrainingConfig()._asdict()
     assert ({k: v for k, v in values.items() if k != "output_dir"}
             == {k: v for k, v in defaults.items() if k != "output_dir"})
-    assert all(line.count("=") == 1 for line in src.splitlines() if line.strip()), (
+    assert all(line.count("=") == 1 for line in src.splitlines() if line.strip() and not line.startswith("#")), (
         "papermill cannot parse a line with two '='")
     assert "#| export" not in NB.read_text()
 

@@ -4,7 +4,7 @@ import inspect, pydoc, sys, time
 import pytest
 
 import rlnb
-from rlnb.core import document_fields, document_parameters
+from rlnb.docstrings import document_fields, document_parameters
 
 
 @pytest.mark.parametrize("fn", [rlnb.train, rlnb.grpo_loss, rlnb.collate])

@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = {
     "core": "ModelConfig GenerationConfig Message Conversation Generation Rollout Batch TrainingConfig TrainingStats "
             "TrainingState CollatedBatch collate set_seed rollouts_to_jsonl rollouts_from_jsonl create_training_config "
-            "model_device pad_token_id is_peft_model group_stats",
+            "model_device pad_token_id is_peft_model group_stats TRAINING_CONFIG_SECTIONS",
+    "docstrings": "document_fields document_parameters document_sections",
     "checks": "check_2d check_finite check_finite_number rewards_1d resolve_group_ids",
     "cache": "default_cache_dir build_atomically load_from_folder LOCK_FILE FolderInUseError lock_holder folder_lock",
     "tasks": "get_task list_tasks resolve_task load_jsonl_dataset extract_gsm8k_answer extract_number",
