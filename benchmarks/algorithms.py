@@ -222,11 +222,11 @@ def teacher_dir(task: str, iterations: int | None = None, changes: tuple[str, ..
 
     def build_addition(path):
         from rlnb.core import TrainingConfig
-        from rlnb.tiny import build_tokenizer
+        from rlnb.tiny import create_tiny_tokenizer
         from rlnb.training import train
         state = train(TrainingConfig(num_iterations=n, eval_every=0, seed=0), progress=False)
         state.model.merge_and_unload().save_pretrained(path)
-        build_tokenizer().save_pretrained(path)
+        create_tiny_tokenizer().save_pretrained(path)
 
     def build_tool_use(path):
         import rlnb

@@ -126,7 +126,7 @@ def load_policy(args):
     return load_model(args.model).float().train(), load_tokenizer(args.model)
 
 
-def make_task(args):
+def create_task(args):
     "The task: `--task` as is for the tiny model; its chat version (system prompt, form reward) for a chat model."
     from rlnb.tasks import get_task
     if args.model == "tiny": return get_task(args.task)
@@ -412,8 +412,8 @@ def storage_bytes(*modules) -> int:
 
 def wide_model(tok):
     "A randomly initialised ~25M-parameter model with the tiny tokenizer: big enough that a copy shows in the RSS."
-    from rlnb.tiny import build_tiny_model
-    return build_tiny_model(tok, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
+    from rlnb.tiny import create_tiny_model
+    return create_tiny_model(tok, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
                             intermediate_size=1536).train()
 
 
@@ -562,7 +562,7 @@ def main(argv=None):
         return
     torch = setup_torch(args.threads)
     import peft, transformers, trl
-    task = make_task(args)
+    task = create_task(args)
     check_text_reward(task)  # TRL's reward function = task.reward_fn
     seeds = [int(x) for x in args.seeds.split(",")]
     eval_examples = task.sample(args.eval_size, seed=987_654) if args.eval_size else []

@@ -136,7 +136,7 @@ def measure_side(args, side: str) -> dict:
     bench = pair.parse_args(["--model", "smollm2", "--prompts", str(args.prompts), "--group", str(args.group),
                              "--max-new-tokens", str(args.max_new_tokens), "--lr", "2e-4", "--temperature", "1.0",
                              "--steps", str(args.steps), "--threads", str(args.threads)])
-    task = pair.make_task(bench)
+    task = pair.create_task(bench)
     prompts = [task.sample(args.prompts, seed=1000 + k) for k in range(args.steps)]
     runners = dict(rlnb_hf=lambda: run_rlnb(bench, task, prompts, None),
                    rlnb_vllm=lambda: run_rlnb(bench, task, prompts, "float32"),

@@ -259,21 +259,25 @@ def grpo_loss(
 def compute_grpo_loss(
     batch: CollatedBatch,  # collated rollouts: loss_mask, old_logprobs (or None), ref_logprobs (or None)
     advantages,  # (B,) or (B, C), e.g. from `compute_grpo_advantages(batch.rewards, batch.group_ids)`
-    kl_coef: float = 0.0,  # weight of the KL penalty (grpo_loss's `beta`); > 0 needs batch.ref_logprobs
+    beta: float = 0.0,  # weight of the KL penalty; > 0 needs batch.ref_logprobs
     *,
     logprobs: Tensor,  # (B, C) current policy log-probs of batch.completion_ids, with grad
+    kl_coef: float | None = None,  # the same weight under its older name (an alias of `beta`)
     **cfg,  # passed on: clip_eps, clip_eps_high, aggregation, max_completion_length
 ) -> tuple[Tensor, dict[str, float]]:  # (scalar loss, metrics)
     "GRPO loss on a `CollatedBatch`, given the current policy's log-probs."
+    if kl_coef is not None:
+        if beta: raise ValueError("compute_grpo_loss: pass `beta` or its alias `kl_coef`, not both")
+        beta = kl_coef
     if not isinstance(batch, CollatedBatch):
         raise TypeError("compute_grpo_loss: `batch` must be a CollatedBatch (use rlnb.core.collate on the rollouts), "
                         f"got {type(batch).__name__}")
-    if kl_coef > 0 and batch.ref_logprobs is None:
-        raise ValueError(f"compute_grpo_loss: `kl_coef`={kl_coef} needs reference log-probs, "
+    if beta > 0 and batch.ref_logprobs is None:
+        raise ValueError(f"compute_grpo_loss: `beta`={beta} needs reference log-probs, "
                          "but `batch.ref_logprobs` is None")
     check_2d("compute_grpo_loss", "logprobs", logprobs, tuple(batch.loss_mask.shape), like="batch.loss_mask")
     old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-    return grpo_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, beta=kl_coef, **cfg)
+    return grpo_loss(logprobs, old, advantages, batch.loss_mask, ref_logprobs=batch.ref_logprobs, beta=beta, **cfg)
 
 # %% ../nbs/30_algorithms.ipynb #45cd70a2
 def compute_policy_gradient_loss(
@@ -389,6 +393,12 @@ def check_algorithm_spec(
     if spec.value_head and spec.prepare_state is None:
         raise ValueError(f"{fn}: `value_head`=True needs a `prepare_state` that gives the run its value head "
                          "(e.g. rlnb.ppo.add_value_head)")
+    takes = [inspect.signature(f).parameters for f in (spec.advantage_fn, spec.policy_loss)]
+    if not any(p.kind == p.VAR_KEYWORD for params in takes for p in params.values()):  # a knob only one could take
+        unclaimed = [k for k in spec.default_config if not any(k in params for params in takes)]
+        if unclaimed:
+            raise ValueError(f"{fn}: `default_config` has knob(s) {unclaimed} that neither its advantage_fn nor its "
+                             "policy_loss takes; a run would refuse them")
     for field, flag in (("old_logprobs", "needs_old_logprobs"), ("teacher_logprobs", "needs_teacher")):
         if field in inspect.signature(spec.advantage_fn).parameters and not getattr(spec, flag):
             raise ValueError(f"{fn}: its advantage_fn takes `{field}`, which the loop computes only for a spec that "
@@ -426,6 +436,9 @@ def create_algorithm_config(
     "A config for algorithm `name`: its defaults with `overrides` applied, unknown knobs refused."
     spec = _spec("create_algorithm_config", name)
     changes = {**(overrides or {}), **kwargs}
+    if "kl_coef" in changes:  # the KL weight's older name
+        if "beta" in changes: raise ValueError("create_algorithm_config: pass `beta` or its alias `kl_coef`, not both")
+        changes["beta"] = changes.pop("kl_coef")
     unknown = sorted(set(changes) - set(spec.default_config) - {"name"})
     if unknown:
         raise ValueError(f"create_algorithm_config: {name!r} has no option(s) {unknown}; "

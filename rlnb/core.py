@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/core.html.md"""
 
 # %% ../nbs/10_core.ipynb #48326ae3
 from __future__ import annotations
-import difflib, json, math, os, random, re, reprlib, warnings
+import difflib, importlib, json, math, os, random, re, reprlib, warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -16,9 +16,10 @@ from torch import Tensor
 # %% auto #0
 __all__ = ['TRAINING_CONFIG_SECTIONS', 'CONFIG_MAXIMA', 'CONTROL_CHARACTERS', 'ModelConfig', 'GenerationConfig', 'Message',
            'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig', 'TrainingStats', 'TrainingState',
-           'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch', 'collate',
-           'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl',
-           'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats', 'group_stats']
+           'import_plugins', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch',
+           'collate', 'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl',
+           'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats',
+           'group_stats']
 
 # %% ../nbs/10_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -179,6 +180,7 @@ class TrainingConfig(NamedTuple):
     seed: int = 0  # seeds the LoRA init, the sampling and the prompt stream
     num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
     fsdp: bool = False  # several processes: shard weights, gradients and optimizer state (FSDP2), not a copy each
+    plugins: str | None = None  # modules to import first, comma-separated: the algorithms and extensions they register
 
 # %% ../nbs/10_core.ipynb #ed0ef7f9
 # TrainingConfig's fields by section, in its order: help(), the docs and the papermill notebook show them so
@@ -194,7 +196,7 @@ TRAINING_CONFIG_SECTIONS = {
                    "off_policy_steps"),
     "evaluation": ("eval_every", "eval_size"),
     "output": ("output_dir", "checkpoint_every", "resume", "max_seconds"),
-    "system": ("seed", "num_threads", "fsdp"),
+    "system": ("seed", "num_threads", "fsdp", "plugins"),
 }
 
 # %% ../nbs/10_core.ipynb #0a12b30b
@@ -250,6 +252,27 @@ _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "flo
             "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16"),
             "mixed_precision": ("no", "bf16")}
 
+# %% ../nbs/10_core.ipynb #755a329c
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def import_plugins(
+    plugins: str | None,  # module names, comma-separated (e.g. "my_algorithms" or "lab.losses,lab.rewards"); None: none
+) -> list:  # the modules, imported
+    "Import the modules of `TrainingConfig.plugins`, which register a user's algorithms and extensions when imported."
+    if plugins is None: return []
+    names = [n.strip() for n in plugins.split(",")]
+    bad = [n for n in names if not _MODULE_NAME.fullmatch(n)]
+    if bad: raise ValueError(f"TrainingConfig: `plugins` must be module names, comma-separated, got {plugins!r}")
+    modules = []
+    for name in names:
+        try: modules.append(importlib.import_module(name))
+        except ImportError as e:
+            raise ValueError(f"TrainingConfig: `plugins` names {name!r}, which cannot be imported ({e}); it must be a "
+                             f"module on the Python path (the folder a run starts in: {os.getcwd()}, or $PYTHONPATH)"
+                             ) from None
+    return modules
+
 # %% ../nbs/10_core.ipynb #cfa1b002
 def _field_value(name: str, value, annotation: str):
     "`value` checked against its annotation ('int', 'float | None', ...); ints pass as floats, nothing else converts."
@@ -304,6 +327,7 @@ def create_training_config(
             raise ValueError(f"TrainingConfig: `{name}` must be <= {CONFIG_MAXIMA[name]:,}, got {v!r}")
     _check_combined(values)
     _warn_ignored(values, set(changes))
+    import_plugins(values["plugins"])  # before anything looks up an algorithm by name
     return TrainingConfig(**values)
 
 # %% ../nbs/10_core.ipynb #cfa1b004

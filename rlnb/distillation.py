@@ -15,17 +15,17 @@ from .checks import check_2d, check_finite, check_finite_number
 from .algorithms import ALGORITHMS, AlgorithmSpec, grpo_loss
 
 # %% auto #0
-__all__ = ['distillation_advantages', 'opd_advantages']
+__all__ = ['compute_distillation_advantages', 'compute_opd_advantages']
 
 # %% ../nbs/39_distillation.ipynb #720e85ed
-def distillation_advantages(
+def compute_distillation_advantages(
     old_logprobs: Tensor,  # (B, C) log pi_student of the sampled tokens, under the policy that sampled them (no grad)
     teacher_logprobs: Tensor,  # (B, C) log pi_teacher of the same tokens
     loss_mask: Tensor,  # (B, C) 1 on the tokens the student produced
     teacher_coef: float = 1.0,  # weight of the teacher's signal
 ) -> Tensor:  # (B, C) float32, 0 off the mask
     "On-policy distillation's per-token advantage: -teacher_coef * (log pi_student - log pi_teacher)."
-    fn = "distillation_advantages"
+    fn = "compute_distillation_advantages"
     B, C = check_2d(fn, "old_logprobs", old_logprobs).shape
     check_2d(fn, "teacher_logprobs", teacher_logprobs, (B, C), like="old_logprobs")
     check_2d(fn, "loss_mask", loss_mask, (B, C), like="old_logprobs")
@@ -38,7 +38,7 @@ def distillation_advantages(
     return torch.where(keep, teacher_coef * (teacher - student), torch.zeros_like(student))
 
 # %% ../nbs/39_distillation.ipynb #0e6f6f8e
-def opd_advantages(
+def compute_opd_advantages(
     rewards: Tensor,  # (B,) rewards: not used (the teacher's log-probs are the signal)
     group_ids: Tensor,  # (B,) group labels: not used (opd compares each token with the teacher, not with a group)
     old_logprobs: Tensor | None = None,  # (B, C) the batch's field: log pi_student at sampling time
@@ -47,16 +47,16 @@ def opd_advantages(
     teacher_coef: float = 1.0,  # weight of the teacher's signal
 ) -> Tensor:  # (B, C) per-token advantages, 0 off the mask
     "opd's advantage_fn: the teacher's per-token signal from the batch's log-probs (the reward takes no part)."
-    fn = "opd_advantages"
+    fn = "compute_opd_advantages"
     for name, x in (("old_logprobs", old_logprobs), ("teacher_logprobs", teacher_logprobs), ("loss_mask", loss_mask)):
         if x is None:
             raise ValueError(f"{fn}: `{name}` is None; on-policy distillation needs the sampling policy's and the "
                              "teacher's log-probs of the sampled tokens (in train: teacher=model, or "
                              "TrainingConfig(teacher=name))")
-    return distillation_advantages(old_logprobs, teacher_logprobs, loss_mask, teacher_coef)
+    return compute_distillation_advantages(old_logprobs, teacher_logprobs, loss_mask, teacher_coef)
 
 
-ALGORITHMS["opd"] = AlgorithmSpec(opd_advantages, grpo_loss, MappingProxyType(dict(
+ALGORITHMS["opd"] = AlgorithmSpec(compute_opd_advantages, grpo_loss, MappingProxyType(dict(
     teacher_coef=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
     max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False,
     needs_old_logprobs=True, needs_teacher=True)  # the teacher's signal is measured against the sampling policy

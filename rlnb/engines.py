@@ -17,7 +17,7 @@ from .generation import _check_generation_config, _stop_string_cut, encode_promp
 from .mismatch import sampler_copy
 
 # %% auto #0
-__all__ = ['VLLM_INSTALL', 'import_vllm', 'policy_weights', 'build_vllm_engine', 'sync_weights', 'sampling_params',
+__all__ = ['VLLM_INSTALL', 'import_vllm', 'policy_weights', 'create_vllm_engine', 'sync_weights', 'sampling_params',
            'engine_generations', 'VLLMGenerator', 'create_vllm_generator']
 
 # %% ../nbs/47_engines.ipynb #efb3fbdd
@@ -84,7 +84,7 @@ def _quiet_start():
         if bars: transformers.utils.logging.enable_progress_bar()
 
 # %% ../nbs/47_engines.ipynb #202ac0ea
-def build_vllm_engine(
+def create_vllm_engine(
     model,  # the policy (transformers or peft); its current weights, LoRA merged, go into the engine
     dtype: str = "float32",  # the engine's precision: "float32" samples what a float32 trainer scores
     kv_cache_memory_bytes: int = 2**29,  # KV cache size; vLLM's default would reserve 90% of the machine's memory
@@ -102,7 +102,7 @@ def build_vllm_engine(
     name = f"{type(base).__name__} ({base.config.model_type})"
     if "model_impl" not in options and type(base).__name__ not in vllm.ModelRegistry.get_supported_archs():
         # checked first: a failed vllm.LLM(...) tears down vLLM's process-wide state, breaking the other engines
-        raise RuntimeError(f"build_vllm_engine: vLLM {vllm.__version__} cannot serve this policy, a {name}: vLLM has "
+        raise RuntimeError(f"create_vllm_engine: vLLM {vllm.__version__} cannot serve this policy, a {name}: vLLM has "
                            f"no implementation of the architecture {type(base).__name__!r}")
     try:
         with tempfile.TemporaryDirectory(prefix="rlnb-vllm-") as folder, _kept_torch_state(), _quiet_start():
@@ -110,7 +110,7 @@ def build_vllm_engine(
             llm = vllm.LLM(model=folder, **{**args, **options})
     except Exception as e:
         reason = f"{type(e).__name__}: {str(e)[:400]}" + (" ..." if len(str(e)) > 400 else "")
-        raise RuntimeError(f"build_vllm_engine: vLLM {vllm.__version__} cannot serve this policy, a {name}: "
+        raise RuntimeError(f"create_vllm_engine: vLLM {vllm.__version__} cannot serve this policy, a {name}: "
                            f"{reason}") from e
     with policy_weights(model) as weights:  # what each sync must send: the same names and shapes
         llm.rlnb_weight_shapes = {name: tuple(tensor.shape) for name, tensor in weights}
@@ -123,12 +123,12 @@ def _reload(worker, weights):
 
 
 def sync_weights(
-    llm,  # a `vllm.LLM` running in this process (`build_vllm_engine`)
+    llm,  # a `vllm.LLM` running in this process (`create_vllm_engine`)
     model,  # the policy whose current weights (LoRA merged) the engine should sample with
 ) -> float:  # seconds it took
     "Copy the policy's current weights into the live engine and drop its prefix cache; returns the seconds taken."
     start = time.perf_counter()
-    shapes = getattr(llm, "rlnb_weight_shapes", None)  # name -> shape, recorded by build_vllm_engine
+    shapes = getattr(llm, "rlnb_weight_shapes", None)  # name -> shape, recorded by create_vllm_engine
     with policy_weights(model) as weights:
         for name, tensor in weights:  # checked first: vLLM's loader stops half way on a bad tensor, with a bare assert
             if shapes is not None and shapes.get(name) != tuple(tensor.shape):
@@ -198,7 +198,7 @@ def _check_sleep_mode(fn: str) -> None:
 
 class VLLMGenerator:
     "rlnb's `generator` hook backed by a vLLM engine: each call syncs the policy's current weights, then samples."
-    def __init__(self, model=None, sleep: bool = False, **engine_options):  # options: build_vllm_engine's
+    def __init__(self, model=None, sleep: bool = False, **engine_options):  # options: create_vllm_engine's
         if not isinstance(sleep, bool): raise TypeError(f"VLLMGenerator: `sleep` must be a bool, got {sleep!r}")
         if sleep: _check_sleep_mode("VLLMGenerator")
         self.engine_options = {**engine_options, **({"enable_sleep_mode": True} if sleep else {})}
@@ -206,7 +206,7 @@ class VLLMGenerator:
         if model is not None: self.llm = self._build(model)
 
     def _build(self, model):
-        llm = build_vllm_engine(model, **self.engine_options)
+        llm = create_vllm_engine(model, **self.engine_options)
         if self.sleep: llm.sleep(level=2)  # asleep between calls, from the start
         return llm
 
@@ -247,7 +247,7 @@ def create_vllm_generator(
     model=None,  # the policy, to build the engine now; None = on the first call, from the model it is given
     tokenizer=None,  # unused (the hook receives the tokenizer on every call); accepted for symmetry with other hooks
     sleep: bool = False,  # put the engine to sleep between calls (GPU builds): its memory is the update's meanwhile
-    **engine_options,  # build_vllm_engine's options: dtype ("float32"), kv_cache_memory_bytes, seed, any vllm.LLM arg
+    **engine_options,  # create_vllm_engine's options: dtype ("float32"), kv_cache_memory_bytes, seed, any vllm.LLM arg
 ) -> VLLMGenerator:  # generator(model, tokenizer, prompts, config) -> list[Generation], with sync and timings
     "A `generator` hook that samples with vLLM: the policy's weights are synced into the engine before each call."
     return VLLMGenerator(model, sleep, **engine_options)

@@ -20,7 +20,7 @@ from .models import load_model, load_tokenizer
 __all__ = ['KL_ESTIMATORS', 'kl_k1', 'kl_k2', 'kl_k3', 'kl_abs', 'kl_k3_plus', 'kl_estimator', 'check_kl_values',
            'compute_per_token_kl', 'compute_reverse_kl', 'compute_forward_kl', 'exact_kl_from_logits',
            'compute_batch_kl', 'create_truncated_kl', 'create_adaptive_kl', 'create_kl_schedule',
-           'update_adaptive_kl_coef', 'AdapterDisabledRef', 'create_frozen_copy', 'create_reference_model',
+           'update_adaptive_beta', 'AdapterDisabledRef', 'create_frozen_copy', 'create_reference_model',
            'get_reference_logprobs', 'create_ema_updater', 'create_periodic_updater', 'update_reference_model',
            'check_same_tokenizer', 'check_teacher_model', 'load_teacher', 'attach_teacher', 'teacher_metrics']
 
@@ -251,25 +251,25 @@ def create_kl_schedule(
     for name, v in (("initial_kl", initial_kl), ("final_kl", final_kl)):
         if not 0 <= v < math.inf:
             raise ValueError(f"create_kl_schedule: `{name}` must be a finite number >= 0, got {v!r}")
-    def kl_coef(iteration: int) -> float:
+    def beta(iteration: int) -> float:
         if schedule == "constant": return float(initial_kl)
         t = min(max(iteration / num_iterations, 0.0), 1.0)  # progress in [0, 1]
         w = 1 - t if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * t))  # weight of initial_kl
         return final_kl + (initial_kl - final_kl) * w
-    return kl_coef
+    return beta
 
 # %% ../nbs/23_kl.ipynb #14d5c6ee
-def update_adaptive_kl_coef(
-    kl_coef: float,  # current beta
+def update_adaptive_beta(
+    beta: float,  # the KL weight now
     observed_kl: float,  # KL measured on the last batch (e.g. mean sequence KL)
     target_kl: float,  # the KL we want to hold
     horizon: int = 10_000,  # larger = slower adaptation
     n_steps: int = 1,  # steps (or samples) since the last update
 ) -> float:
     "Next beta: beta * (1 + clip(observed/target - 1, -0.2, 0.2) * n_steps / horizon)."
-    if target_kl <= 0: raise ValueError(f"update_adaptive_kl_coef: `target_kl` must be > 0, got {target_kl}")
+    if target_kl <= 0: raise ValueError(f"update_adaptive_beta: `target_kl` must be > 0, got {target_kl}")
     error = min(max(observed_kl / target_kl - 1, -0.2), 0.2)
-    return kl_coef * (1 + error * n_steps / horizon)
+    return beta * (1 + error * n_steps / horizon)
 
 # %% ../nbs/23_kl.ipynb #0a93db19
 class AdapterDisabledRef(NamedTuple):

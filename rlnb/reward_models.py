@@ -24,9 +24,9 @@ from .tiny import load_tiny_model, tiny_cache_path
 # %% auto #0
 __all__ = ['TINY_RM_VERSION', 'TINY_RM_DEFAULTS', 'RM_SUMMARY_FILE', 'encode_for_scoring', 'score_token_ids', 'default_scorer',
            'compute_reward_model_score', 'load_reward_model', 'create_rm_reward_fn', 'create_rm_rollout_fn',
-           'PreferencePair', 'corrupt_answer', 'make_preference_pairs', 'make_policy_pairs', 'preference_loss',
-           'pairwise_accuracy', 'train_reward_model', 'build_tiny_reward_model', 'tiny_reward_model_path',
-           'load_tiny_reward_model', 'read_tiny_reward_summary', 'make_rollout_pairs']
+           'PreferencePair', 'corrupt_answer', 'create_preference_pairs', 'create_policy_pairs', 'preference_loss',
+           'pairwise_accuracy', 'train_reward_model', 'create_tiny_reward_model', 'tiny_reward_model_path',
+           'load_tiny_reward_model', 'read_tiny_reward_summary', 'create_rollout_pairs']
 
 # %% ../nbs/26_reward_models.ipynb #18ba309f
 def encode_for_scoring(
@@ -229,7 +229,7 @@ def corrupt_answer(answer: str, rng: random.Random) -> str:
     return rng.choice(moves)()
 
 # %% ../nbs/26_reward_models.ipynb #16708c17
-def make_preference_pairs(
+def create_preference_pairs(
     task,  # a task name or Task: its examples give the prompts and the chosen (correct) answers
     n: int,  # pairs
     tokenizer=None,  # format prompts with this chat template, as rollouts are (None = the raw question)
@@ -237,9 +237,9 @@ def make_preference_pairs(
     system_prompt: str | None = None,  # None = the task's
 ) -> list[PreferencePair]:
     "Pairs (prompt, correct answer) > (prompt, near-miss the task's `check` rejects)."
-    task = resolve_task(task, "make_preference_pairs")
+    task = resolve_task(task, "create_preference_pairs")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"make_preference_pairs: `n` must be a positive int, got {n!r}")
+        raise ValueError(f"create_preference_pairs: `n` must be a positive int, got {n!r}")
     sp = getattr(task, "system_prompt", None) if system_prompt is None else system_prompt
     rng, pairs = random.Random(seed), []
     for e in task.sample(n, seed=seed):
@@ -250,7 +250,7 @@ def make_preference_pairs(
     return pairs
 
 # %% ../nbs/26_reward_models.ipynb #4c6bfd94
-def make_policy_pairs(
+def create_policy_pairs(
     policy,  # the causal LM that RL will train (its own mistakes become the rejected answers)
     tokenizer,  # its tokenizer
     task,  # a task name or Task
@@ -261,9 +261,9 @@ def make_policy_pairs(
     exclude: set | None = None,  # prompts (formatted) to skip, e.g. held-out questions
 ) -> list[PreferencePair]:
     "Pairs (prompt, correct answer) > (prompt, a completion the policy sampled and the task's `check` rejects)."
-    task = resolve_task(task, "make_policy_pairs")
+    task = resolve_task(task, "create_policy_pairs")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"make_policy_pairs: `n` must be a positive int, got {n!r}")
+        raise ValueError(f"create_policy_pairs: `n` must be a positive int, got {n!r}")
     gen = GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0, num_return_sequences=samples_per_prompt)
     pairs, rnd = [], 0
     with torch.random.fork_rng(devices=[]):
@@ -348,7 +348,7 @@ def train_reward_model(
     return rows
 
 # %% ../nbs/26_reward_models.ipynb #c43f4f0e
-def build_tiny_reward_model(
+def create_tiny_reward_model(
     task="addition",  # the tiny policy whose SFT'd backbone the reward model starts from
     seed: int = 0,  # seeds the score head
     **tiny_kwargs,  # more `rlnb.tiny.load_tiny_model` arguments (steps, cache_dir, ...)
@@ -362,7 +362,7 @@ def build_tiny_reward_model(
         torch.manual_seed(seed)
         model = Qwen2ForSequenceClassification(config)
     model.model.load_state_dict(lm.model.state_dict())  # the backbone already reads arithmetic: only the head is new
-    return model.float().eval(), prepare_tokenizer(tokenizer, "right", fn="build_tiny_reward_model")
+    return model.float().eval(), prepare_tokenizer(tokenizer, "right", fn="create_tiny_reward_model")
 
 # %% ../nbs/26_reward_models.ipynb #813f282e
 TINY_RM_VERSION = 3  # bump when a change here makes cached reward models wrong
@@ -386,19 +386,19 @@ def _rm_complete(folder: Path) -> bool: return (folder / RM_SUMMARY_FILE).exists
 
 # %% ../nbs/26_reward_models.ipynb #53b2fa65
 def _train_tiny_rm(tmp: Path, task, seed: int, recipe: dict, progress: bool) -> None:
-    model, tokenizer = build_tiny_reward_model(task, seed)
+    model, tokenizer = create_tiny_reward_model(task, seed)
     policy, _ = load_tiny_model(task, progress=False)
-    eval_pairs = make_preference_pairs(task, recipe["eval_pairs"], tokenizer, seed=10_007 + seed)
+    eval_pairs = create_preference_pairs(task, recipe["eval_pairs"], tokenizer, seed=10_007 + seed)
     held_out = {p.prompt for p in eval_pairs}  # questions never trained on
     # near-misses, the policy's own mistakes (what RL will try), other questions' answers
     third = recipe["n_pairs"] // 3
-    near = [p for p in make_preference_pairs(task, 2 * third + recipe["eval_pairs"], tokenizer, seed=seed)
+    near = [p for p in create_preference_pairs(task, 2 * third + recipe["eval_pairs"], tokenizer, seed=seed)
             if p.prompt not in held_out]
     swapped = [p._replace(rejected=q.chosen) for p, q in zip(near[third:2 * third], near[2 * third:] + near)
                if q.chosen != p.chosen]
-    train_pairs = near[:third] + swapped + make_policy_pairs(policy, tokenizer, task, third, seed=seed + 1,
+    train_pairs = near[:third] + swapped + create_policy_pairs(policy, tokenizer, task, third, seed=seed + 1,
                                                              exclude=held_out)
-    policy_eval = make_policy_pairs(policy, tokenizer, task, recipe["eval_pairs"], seed=20_011 + seed)
+    policy_eval = create_policy_pairs(policy, tokenizer, task, recipe["eval_pairs"], seed=20_011 + seed)
     t0 = time.perf_counter()
     rows = train_reward_model(model, tokenizer, train_pairs, recipe["steps"], recipe["batch_size"],
                               recipe["learning_rate"], eval_pairs=eval_pairs, eval_every=recipe["steps"], seed=seed)
@@ -442,13 +442,13 @@ def read_tiny_reward_summary(path) -> dict:
     return json.loads((Path(path) / RM_SUMMARY_FILE).read_text())
 
 # %% ../nbs/26_reward_models.ipynb #f9e7748f
-def make_rollout_pairs(
+def create_rollout_pairs(
     rollouts: Sequence[Rollout],  # an RL run's samples (e.g. collected with `create_rm_rollout_fn(on_batch=...)`)
     check: Callable,  # check(completion_text, answer) -> bool: the labeller, e.g. a task's check (or a human's verdict)
     exclude: set | None = None,  # prompts to skip, e.g. held-out questions
 ) -> list[PreferencePair]:
     "Pairs (prompt, reference answer) > (prompt, a sampled completion `check` rejects), each distinct completion once."
-    fn = "make_rollout_pairs"
+    fn = "create_rollout_pairs"
     if not callable(check): raise TypeError(f"{fn}: `check` must be callable (completion_text, answer) -> bool")
     pairs, seen = [], set()
     for r in rollouts:

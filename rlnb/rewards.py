@@ -419,16 +419,16 @@ def apply_reward_shaping(
 
 # %% ../nbs/22_rewards.ipynb #c5a33f01
 def kl_penalty_shaping(
-    kl_coef: float,  # beta: reward units per nat of KL
+    beta: float,  # the KL weight: reward units per nat of KL
 ) -> Callable[[Rollout, float], float]:
-    "A shaping function `reward - kl_coef * rollout.kl_divergence` (KL in the reward, as in classic RLHF/PPO)."
-    if not isinstance(kl_coef, numbers.Real) or not 0 <= kl_coef < math.inf:
-        raise ValueError(f"kl_penalty_shaping: `kl_coef` must be a finite number >= 0, got {kl_coef!r}")
+    "A shaping function `reward - beta * rollout.kl_divergence` (KL in the reward, as in classic RLHF/PPO)."
+    if not isinstance(beta, numbers.Real) or not 0 <= beta < math.inf:
+        raise ValueError(f"kl_penalty_shaping: `beta` must be a finite number >= 0, got {beta!r}")
     def kl_penalty(rollout: Rollout, reward: float) -> float:
         if rollout.kl_divergence is None:
             raise ValueError("kl_penalty_shaping: `rollout.kl_divergence` is None; "
                              "compute the sequence KL first (rlnb.kl)")
-        return reward - kl_coef * rollout.kl_divergence
+        return reward - beta * rollout.kl_divergence
     return kl_penalty
 
 # %% ../nbs/22_rewards.ipynb #3e1104a7

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/sft.html.md"""
 
 # %% ../nbs/43_sft.ipynb #b3f11162
 from __future__ import annotations
-import warnings
+import difflib, warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -19,7 +19,7 @@ from .loggers import metrics_record
 from .training import train
 
 # %% auto #0
-__all__ = ['tokenize_sft_example', 'sft_loss', 'create_sft_rollout_fn', 'sft']
+__all__ = ['SFT_DEFAULTS', 'tokenize_sft_example', 'sft_loss', 'create_sft_rollout_fn', 'sft']
 
 # %% ../nbs/43_sft.ipynb #d0ab73ff
 def _pieces(conversation: Conversation, tokenizer, template_fn) -> tuple[str, list[tuple[str, bool]]]:
@@ -116,47 +116,50 @@ def _check_examples(
                             "a record with .prompt/.answer or a Conversation")
 
 # %% ../nbs/43_sft.ipynb #81a1edf5
+# sft's settings: TrainingConfig fields, with SFT's own defaults where they differ from an RL run's
+SFT_DEFAULTS = dict(num_iterations=100, learning_rate=1e-3, lr_schedule="constant", warmup_steps=0, weight_decay=0.0,
+                    max_grad_norm=1.0, micro_batch_size=None, mixed_precision="no", seed=0, eval_every=0,
+                    output_dir=None, checkpoint_every=0, resume=False, max_seconds=None, num_threads=None)
+
+
+
+def _sft_config(settings: dict, batch_size: int, eval_fn) -> TrainingConfig:
+    "The TrainingConfig of an SFT run: SFT_DEFAULTS with `settings`; an RL-only or unknown field is an error."
+    for k in sorted(set(settings) - set(SFT_DEFAULTS)):
+        near = difflib.get_close_matches(k, SFT_DEFAULTS, 1)
+        why = ("is an RL run's setting" if k in TrainingConfig._fields
+               else f"is unknown (did you mean {near[0]!r}?)" if near else "is unknown")
+        raise TypeError(f"sft: `{k}` {why}; sft takes batch_size, the hooks, and these TrainingConfig fields: "
+                        f"{', '.join(SFT_DEFAULTS)}")
+    values = {**SFT_DEFAULTS, **settings}
+    if values["eval_every"] and eval_fn is None:
+        raise ValueError(f"sft: `eval_every`={values['eval_every']} needs an `eval_fn`")
+    if eval_fn is None: values["eval_every"] = TrainingConfig().eval_every  # no evaluation: train's default is moot
+    with warnings.catch_warnings():  # a short SFT run may end inside the warm-up: sft's default, not a slip
+        warnings.filterwarnings("ignore", message=".*never reaches its peak")
+        return create_training_config(prompts_per_step=batch_size, group_size=1, lora_r=0, **values)
+
+
 def sft(
     model,  # the model to fine-tune, in place (a peft model trains its adapters only)
     tokenizer,  # its tokenizer
     examples: Sequence,  # (prompt, answer) pairs, records with .prompt/.answer, or Conversations
     *,  # the rest by name, as in train
-    num_iterations: int = 100,  # optimizer steps
-    batch_size: int = 16,  # examples per step
-    learning_rate: float = 1e-3,  # peak learning rate (AdamW)
-    lr_schedule: str = "constant",  # "constant", "cosine" or "wsd" after warm-up
-    warmup_steps: int = 0,  # linear warm-up steps
-    weight_decay: float = 0.0,  # AdamW weight decay
-    max_grad_norm: float = 1.0,  # gradient clipping (0 = off)
-    micro_batch_size: int | None = None,  # examples per forward/backward pass (None = the whole batch)
-    seed: int = 0,  # seeds the example order
-    system_prompt: str | None = None,  # system message before plain prompts
-    template_fn: Callable | None = None,  # (conversation, tokenizer) -> text
-    eval_fn: Callable | None = None,  # state -> {name: value}, e.g. rlnb.rollouts.create_eval_fn(task, tokenizer)
-    eval_every: int = 0,  # iterations between evaluations (0 = only with stop_fn's help: never)
-    stop_fn: Callable | None = None,  # (state, metrics) -> True to stop
-    logger=None,  # (state, stats) -> None, or a list
-    output_dir: str | None = None,  # metrics.jsonl and checkpoint/ (see train)
-    checkpoint_every: int = 0,  # iterations between checkpoints (0 = only at the end)
-    resume: bool = False,  # continue the run in output_dir
-    max_seconds: float | None = None,  # wall-time budget
-    num_threads: int | None = None,  # torch CPU threads (None = automatic)
-    progress: bool = True,  # text progress lines
+    batch_size: int = 16,  # examples per optimizer step (TrainingConfig's prompts_per_step)
+    system_prompt: str | None = None,  # as in train: the system message before plain prompts
+    template_fn: Callable | None = None,  # as in train
+    eval_fn: Callable | None = None,  # as in train, e.g. rlnb.rollouts.create_eval_fn(task, tokenizer)
+    stop_fn: Callable | None = None,  # as in train
+    logger=None,  # as in train
+    progress: bool = True,  # as in train
+    **settings,  # TrainingConfig fields of the keys of SFT_DEFAULTS, e.g. num_iterations=300, learning_rate=3e-4
 ):  # (final TrainingState, metrics DataFrame)
     "Supervised fine-tuning on `examples` with the training loop of RL: NLL of the answer tokens (assistant turns)."
     import pandas as pd
     _check_examples(examples)
-    if eval_every and eval_fn is None: raise ValueError(f"sft: `eval_every`={eval_every} needs an `eval_fn`")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"sft: `batch_size` must be an int >= 1, got {batch_size!r}")
-    with warnings.catch_warnings():  # a short SFT run may end inside the warm-up: sft's default, not a slip
-        warnings.filterwarnings("ignore", message=".*never reaches its peak")
-        config = create_training_config(
-            num_iterations=num_iterations, prompts_per_step=batch_size, group_size=1, learning_rate=learning_rate,
-            lr_schedule=lr_schedule, warmup_steps=warmup_steps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-            micro_batch_size=micro_batch_size, lora_r=0, seed=seed,
-            eval_every=eval_every if eval_fn is not None else TrainingConfig().eval_every, output_dir=output_dir,
-            checkpoint_every=checkpoint_every, resume=resume, max_seconds=max_seconds, num_threads=num_threads)
+    config = _sft_config(settings, batch_size, eval_fn)
     records = []
     loggers = [lambda s, st: records.append(metrics_record(s, st))] + (
         [] if logger is None else list(logger) if isinstance(logger, (list, tuple)) else [logger])

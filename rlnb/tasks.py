@@ -14,10 +14,10 @@ from typing import Any, Callable, NamedTuple
 
 # %% auto #0
 __all__ = ['TASKS', 'TaskExample', 'Task', 'parse_number', 'extract_number', 'check_number', 'check_exact', 'safe_eval',
-           'expression_numbers', 'make_reward_fn', 'make_task', 'addition_task', 'arithmetic_task', 'check_countdown',
-           'countdown_task', 'reverse_task', 'list_tasks', 'get_task', 'resolve_task', 'extract_gsm8k_answer',
-           'load_jsonl_dataset', 'check_extracted_number', 'make_dataset_task', 'final_answer', 'has_answer_form',
-           'chat_task', 'task_for_policy']
+           'expression_numbers', 'create_reward_fn', 'create_task', 'addition_task', 'arithmetic_task',
+           'check_countdown', 'countdown_task', 'reverse_task', 'list_tasks', 'get_task', 'resolve_task',
+           'extract_gsm8k_answer', 'load_jsonl_dataset', 'check_extracted_number', 'create_dataset_task',
+           'final_answer', 'has_answer_form', 'chat_task', 'task_for_policy']
 
 # %% ../nbs/12_tasks.ipynb #118b43fe
 class TaskExample(NamedTuple):
@@ -136,7 +136,7 @@ def expression_numbers(
     return [int(m) for m in re.findall(r"\d+", expr)]
 
 # %% ../nbs/12_tasks.ipynb #1c294c78
-def make_reward_fn(
+def create_reward_fn(
     check: Callable,  # check(completion_text, answer) -> bool
 ) -> Callable:  # reward_fn(rollout) -> 1.0 or 0.0
     "A reward function: 1.0 when `check(completion text, rollout.answer)` holds, else 0.0."
@@ -154,7 +154,7 @@ def _check_int(fn: str, name: str, value, low: int, high: int | None = None):
         raise ValueError(f"{fn}: `{name}` must be an int {expected}, got {value!r}")
 
 
-def make_task(
+def create_task(
     name: str,  # the task's name
     make_example: Callable,  # make_example(rng: random.Random) -> TaskExample
     check: Callable,  # check(completion_text, answer) -> bool
@@ -166,7 +166,7 @@ def make_task(
         _check_int(f"{name}.sample", "n", n, 0)
         rng = random.Random(seed)
         return [make_example(rng) for _ in range(n)]
-    return Task(name, sample, check, make_reward_fn(check), system_prompt, dict(params or {}))
+    return Task(name, sample, check, create_reward_fn(check), system_prompt, dict(params or {}))
 
 # %% ../nbs/12_tasks.ipynb #c71145a8
 def addition_task(
@@ -182,7 +182,7 @@ def addition_task(
     def make_example(rng):
         a, b = rng.randint(0, high), rng.randint(0, high)
         return TaskExample(f"{a}+{b}=", str(a + b), {"operands": (a, b), "question": f"What is {a} + {b}?"})
-    return make_task("addition", make_example, check_number, {"digits": digits, "max_value": max_value})
+    return create_task("addition", make_example, check_number, {"digits": digits, "max_value": max_value})
 
 # %% ../nbs/12_tasks.ipynb #a0f2a5fa
 def _check_ops(fn: str, ops: str) -> str:
@@ -206,7 +206,7 @@ def arithmetic_task(
         value = safe_eval(expr, max_length=len(expr), max_abs=math.inf)
         spaced = re.sub(r"([+*-])", r" \1 ", expr)
         return TaskExample(expr + "=", str(int(value)), {"expression": expr, "question": f"What is {spaced}?"})
-    return make_task("arithmetic", make_example, check_number, {"terms": terms, "max_value": max_value, "ops": ops})
+    return create_task("arithmetic", make_example, check_number, {"terms": terms, "max_value": max_value, "ops": ops})
 
 # %% ../nbs/12_tasks.ipynb #090fb0f0
 def check_countdown(
@@ -250,7 +250,7 @@ def countdown_task(
                     f"write an expression equal to {target}.")
         return TaskExample(f"{','.join(map(str, shown))}->{target}=", expr, {"numbers": shown, "target": target,
                                                                          "question": question})
-    return make_task("countdown", make_example, check_countdown, {"count": count, "max_value": max_value, "ops": ops})
+    return create_task("countdown", make_example, check_countdown, {"count": count, "max_value": max_value, "ops": ops})
 
 # %% ../nbs/12_tasks.ipynb #27ea02dc
 def reverse_task(
@@ -267,7 +267,7 @@ def reverse_task(
     def make_example(rng):
         word = "".join(rng.choice(alphabet) for _ in range(rng.randint(min_length, max_length)))
         return TaskExample(f"reverse:{word}=", word[::-1], {"word": word, "question": f"Write '{word}' backwards."})
-    return make_task("reverse", make_example, check_exact,
+    return create_task("reverse", make_example, check_exact,
                      {"min_length": min_length, "max_length": max_length, "alphabet": alphabet})
 
 # %% ../nbs/12_tasks.ipynb #888e72ee
@@ -365,7 +365,7 @@ def check_extracted_number(
     return got is not None and Decimal(got) == want
 
 # %% ../nbs/12_tasks.ipynb #b334f310
-def make_dataset_task(
+def create_dataset_task(
     examples: list,  # TaskExample records, e.g. from `load_jsonl_dataset`
     name: str = "dataset",  # the task's name
     check: Callable | None = None,  # check(completion_text, answer) -> bool; None = check_extracted_number
@@ -373,16 +373,16 @@ def make_dataset_task(
 ) -> Task:
     "A `Task` that samples from fixed examples: one seeded shuffle per pass over the data."
     examples = list(examples)
-    if not examples: raise ValueError("make_dataset_task: `examples` is empty")
+    if not examples: raise ValueError("create_dataset_task: `examples` is empty")
     if not all(isinstance(e, TaskExample) for e in examples):
-        raise TypeError("make_dataset_task: `examples` must all be TaskExample records")
+        raise TypeError("create_dataset_task: `examples` must all be TaskExample records")
     check = check or check_extracted_number
     def sample(n: int, seed: int | None = 0) -> list[TaskExample]:
         _check_int(f"{name}.sample", "n", n, 0)
         rng, order = random.Random(seed), []
         while len(order) < n: order += rng.sample(range(len(examples)), len(examples))
         return [examples[i] for i in order[:n]]
-    return Task(name, sample, check, make_reward_fn(check), system_prompt, {"size": len(examples)})
+    return Task(name, sample, check, create_reward_fn(check), system_prompt, {"size": len(examples)})
 
 # %% ../nbs/12_tasks.ipynb #80ad2e22
 _ANSWER_IS = re.compile(r"the answer is[:\s]*", re.IGNORECASE)

@@ -20,9 +20,9 @@ from .loggers import create_jsonl_logger, load_metrics
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION', 'DEFAULT_TINY_CONFIG', 'DEFAULT_SFT_CONFIG',
-           'DEFAULT_SFT_STEPS', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols', 'build_tokenizer', 'build_tiny_model',
-           'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path', 'train_tiny_model_into', 'read_tiny_history',
-           'load_tiny_model']
+           'DEFAULT_SFT_STEPS', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols', 'create_tiny_tokenizer',
+           'create_tiny_model', 'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path', 'train_tiny_model_into',
+           'read_tiny_history', 'load_tiny_model']
 
 # %% ../nbs/16_tiny.ipynb #a6a16885
 # control tokens, skipped by `skip_special_tokens`
@@ -51,7 +51,7 @@ def _byte_vocab() -> list[str]:
     return [symbols[b] for b in first] + [symbols[b] for b in range(256) if b not in first]
 
 # %% ../nbs/16_tiny.ipynb #b8c31766
-def build_tokenizer(
+def create_tiny_tokenizer(
     model_max_length: int = 256,  # longest sequence the tokenizer will report as valid (the model's context)
     padding_side: str = "left",  # "left" for batched generation
 ):
@@ -59,7 +59,7 @@ def build_tokenizer(
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     if padding_side not in ("left", "right"):
-        raise ValueError(f"build_tokenizer: `padding_side` must be 'left' or 'right', got {padding_side!r}")
+        raise ValueError(f"create_tiny_tokenizer: `padding_side` must be 'left' or 'right', got {padding_side!r}")
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + TAG_TOKENS + tuple(_byte_vocab()))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: every byte is one token
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -71,7 +71,7 @@ def build_tokenizer(
         chat_template=CHAT_TEMPLATE, model_max_length=model_max_length)
 
 # %% ../nbs/16_tiny.ipynb #81452d90
-def build_tiny_model(
+def create_tiny_model(
     tokenizer,  # the tokenizer the model will read (its size and special ids go into the config)
     hidden_size: int = 128,  # width of the residual stream
     num_layers: int = 2,  # transformer blocks
@@ -87,15 +87,16 @@ def build_tiny_model(
     for name, v in dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                         intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings).items():
         if not isinstance(v, int) or v <= 0:
-            raise ValueError(f"build_tiny_model: `{name}` must be a positive int, got {v!r}")
+            raise ValueError(f"create_tiny_model: `{name}` must be a positive int, got {v!r}")
     if hidden_size % num_heads:
-        raise ValueError(f"build_tiny_model: `hidden_size` ({hidden_size}) must be divisible by "
+        raise ValueError(f"create_tiny_model: `hidden_size` ({hidden_size}) must be divisible by "
                          f"`num_heads` ({num_heads})")
     if num_heads % num_kv_heads:
-        raise ValueError(f"build_tiny_model: `num_heads` ({num_heads}) must be divisible by "
+        raise ValueError(f"create_tiny_model: `num_heads` ({num_heads}) must be divisible by "
                          f"`num_kv_heads` ({num_kv_heads})")
     if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-        raise ValueError("build_tiny_model: `tokenizer` needs a pad token and an EOS token (see build_tokenizer)")
+        raise ValueError("create_tiny_model: `tokenizer` needs a pad token and an EOS token "
+                         "(see create_tiny_tokenizer)")
     ids = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                eos_token_id=tokenizer.eos_token_id)
     config = Qwen2Config(
@@ -112,7 +113,7 @@ def build_tiny_model(
 
 # %% ../nbs/16_tiny.ipynb #6f98debf
 TINY_FORMAT_VERSION = 3  # bump when a change to this module makes old caches wrong
-# `build_tiny_model` arguments of the default model
+# `create_tiny_model` arguments of the default model
 DEFAULT_TINY_CONFIG = dict(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
                            max_position_embeddings=256)
 # `sft_tiny_model` arguments of the default model
@@ -179,9 +180,9 @@ def train_tiny_model_into(
     "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
     from rlnb.step import default_num_threads  # chapter *One training step*
     from rlnb.tiny_sft import sft_tiny_model  # the SFT recipe: chapter *How the tiny model is made*
-    tokenizer = build_tokenizer()
+    tokenizer = create_tiny_tokenizer()
     model_kw, sft_kw = {**DEFAULT_TINY_CONFIG, **(model_config or {})}, {**DEFAULT_SFT_CONFIG, **(sft_config or {})}
-    model = build_tiny_model(tokenizer, **model_kw, seed=seed)
+    model = create_tiny_model(tokenizer, **model_kw, seed=seed)
     t0 = time.perf_counter()
     metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
                              logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
@@ -205,10 +206,10 @@ def read_tiny_history(
     return load_metrics(Path(tiny_model_path() if path is None else path) / METRICS_FILE)
 
 # %% ../nbs/16_tiny.ipynb #f611ee41
-_MODEL_KEYS = set(inspect.signature(build_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
+_MODEL_KEYS = set(inspect.signature(create_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
 
 def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str = "load_tiny_model") -> None:
-    "Unknown keys in `model_config` (build_tiny_model / Qwen2Config) or `sft_config` (sft_tiny_model): errors up front."
+    "Unknown keys in `model_config` (create_tiny_model, Qwen2Config) or `sft_config` (sft_tiny_model): errors first."
     from transformers import Qwen2Config
     from rlnb.tiny_sft import SFT_CONFIG_KEYS  # the SFT's own arguments (chapter *How the tiny model is made*)
     overrides = (("model_config", model_config, _MODEL_KEYS), ("sft_config", sft_config, SFT_CONFIG_KEYS))
@@ -270,7 +271,7 @@ def _tiny_model_loader(config: ModelConfig):
 
 def _tiny_tokenizer_loader(config: ModelConfig):
     "TOKENIZER_LOADERS['tiny']: the tiny tokenizer (the same for every tiny model)."
-    return build_tokenizer()
+    return create_tiny_tokenizer()
 
 
 MODEL_LOADERS["tiny"] = _tiny_model_loader

@@ -28,7 +28,7 @@ def _held_out_split(task, n_train: int, eval_size: int, seed: int, eval_seed: in
 
 
 def sft_tiny_model(
-    model,  # a causal LM (e.g. from `build_tiny_model`); trained in place
+    model,  # a causal LM (e.g. from `create_tiny_model`); trained in place
     tokenizer,  # its tokenizer
     task,  # a `rlnb.tasks.Task` or a task name
     steps: int = 700,  # optimizer steps (fewer if `stop_at_accuracy` stops it)

@@ -14,16 +14,16 @@ import torch
 
 from .cache import build_atomically, load_from_folder, quiet_progress_bars, shipped_or_cached
 from .core import Batch, Conversation, GenerationConfig, Message, TrainingConfig, create_training_config
-from .tasks import Task, TaskExample, check_number, make_task
+from .tasks import Task, TaskExample, check_number, create_task
 from .tools import calculator
 from .multiturn import create_multiturn_rollout, create_multiturn_rollout_fn
 from .loggers import create_jsonl_logger
 from .sft import sft
-from .tiny import build_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
+from .tiny import create_tiny_tokenizer, load_tiny_model, tiny_cache_dir, tiny_cache_path
 
 # %% auto #0
 __all__ = ['TOOL_SYSTEM_PROMPT', 'TOOL_USE_SFT', 'TOOL_USE_FILES', 'TOOL_USE_RL', 'products_task', 'tool_demonstration',
-           'make_tool_demonstrations', 'tool_use_stats', 'create_tool_use_rollout_fn', 'evaluate_tool_use',
+           'create_tool_demonstrations', 'tool_use_stats', 'create_tool_use_rollout_fn', 'evaluate_tool_use',
            'sft_tool_use_model', 'tool_use_cache_path', 'tool_use_model_path', 'load_tool_use_model', 'tool_use_config']
 
 # %% ../nbs/53_tool_use.ipynb #073c8025
@@ -40,7 +40,7 @@ def products_task(
     def make_example(rng):
         a, b = rng.randint(low, high), rng.randint(low, high)
         return TaskExample(f"{a}*{b}=", str(a * b), {"operands": (a, b)})
-    return make_task("products", make_example, check_number, {"digits": digits}, system_prompt=TOOL_SYSTEM_PROMPT)
+    return create_task("products", make_example, check_number, {"digits": digits}, system_prompt=TOOL_SYSTEM_PROMPT)
 
 # %% ../nbs/53_tool_use.ipynb #42c9ff5b
 def tool_demonstration(
@@ -59,14 +59,14 @@ def tool_demonstration(
     return Conversation(head + turns, {"answer": example.answer})
 
 # %% ../nbs/53_tool_use.ipynb #22a684d7
-def make_tool_demonstrations(
+def create_tool_demonstrations(
     task: Task,  # a Task whose prompts are calculator expressions ending in '=' (e.g. products_task())
     n: int,  # how many demonstrations
     seed: int = 0,  # seeds the task's sampler
     system_prompt: str | None = TOOL_SYSTEM_PROMPT,  # see tool_demonstration
 ) -> list[Conversation]:
     "`n` demonstrations on the task's prompts (`task.sample(n, seed)`)."
-    fn = "make_tool_demonstrations"
+    fn = "create_tool_demonstrations"
     if not hasattr(task, "sample"): raise TypeError(f"{fn}: `task` must be a Task, got {type(task).__name__}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{fn}: `n` must be an int >= 1, got {n!r}")
@@ -154,7 +154,7 @@ def sft_tool_use_model(
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"sft_tool_use_model: `{name}` must be an int >= {least}, got {value!r}")
     cfg, task = TOOL_USE_SFT, task or products_task()
-    demos = make_tool_demonstrations(task, cfg["demonstrations"], seed=cfg["demo_seed"] + seed)
+    demos = create_tool_demonstrations(task, cfg["demonstrations"], seed=cfg["demo_seed"] + seed)
     def probe(state) -> dict:  # the reward on prompts of its own, not the held-out ones
         return {"eval/reward": evaluate_tool_use(state.model, tokenizer, task, seed=cfg["probe_seed"])["reward"]}
     with torch.random.fork_rng(devices=[]):
@@ -218,7 +218,7 @@ def load_tool_use_model(
                          _is_complete)
         model = load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path,
                                  "the tool-use model").eval()
-    return model, build_tokenizer()
+    return model, create_tiny_tokenizer()
 
 # %% ../nbs/53_tool_use.ipynb #05a2fdb3
 TOOL_USE_RL = dict(num_iterations=100, prompts_per_step=8, group_size=8, max_new_tokens=40, learning_rate=2e-4,

@@ -143,7 +143,7 @@ case("rewards/shaping returns NaN", ValueError, "shaping function",
 case("rewards/shaping base NaN", ValueError, ["base reward", "rollout 0"],
      lambda t: rewards.apply_reward_shaping([ro()], [nan], lambda r, x: x))
 case("rewards/kl shaping without KL", ValueError, "kl_divergence", lambda t: rewards.kl_penalty_shaping(0.1)(ro(), 1.0))
-case("rewards/kl shaping coef NaN", ValueError, "kl_coef", lambda t: rewards.kl_penalty_shaping(nan))
+case("rewards/kl shaping coef NaN", ValueError, "beta", lambda t: rewards.kl_penalty_shaping(nan))
 case("rewards/format_reward pattern", ValueError, "pattern", lambda t: rewards.format_reward("(unclosed"))
 case("rewards/length buffer<0", ValueError, "buffer_length", lambda t: rewards.length_penalty_reward(buffer_length=-1))
 case("rewards/transform normalizer", ValueError, "normalizer",
@@ -225,7 +225,7 @@ case("kl/ema decay NaN", ValueError, "decay", lambda t: kl.create_ema_updater(na
 case("kl/truncated threshold", ValueError, "threshold", lambda t: kl.create_truncated_kl(0.0))
 case("kl/adaptive confidence", ValueError, "confidence_threshold",
      lambda t: kl.create_adaptive_kl(confidence_threshold=1.0))
-case("kl/adaptive target_kl", ValueError, "target_kl", lambda t: kl.update_adaptive_kl_coef(0.1, 0.05, target_kl=0.0))
+case("kl/adaptive target_kl", ValueError, "target_kl", lambda t: kl.update_adaptive_beta(0.1, 0.05, target_kl=0.0))
 case("kl/periodic update_every", ValueError, "update_every", lambda t: kl.create_periodic_updater(0))
 case("kl/reference None", ValueError, "ref_model",
      lambda t: kl.get_reference_logprobs(None, torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3), 1))
@@ -329,7 +329,7 @@ case("ckpt/state.json not an object", ValueError, "{tmp}/ckpt/state.json",
 case("ckpt/state.json missing keys", ValueError, ["{tmp}/ckpt/state.json", "iteration"],
      lambda t: ((saved(t) / "state.json").write_text('{"weights": "full"}'), load(t)))
 case("ckpt/different model shape", ValueError, ["{tmp}/ckpt/model.safetensors", "shape"],
-     lambda t: (saved(t), load(t, tiny.build_tiny_model(tok(), hidden_size=64, num_heads=4, num_kv_heads=2))))
+     lambda t: (saved(t), load(t, tiny.create_tiny_model(tok(), hidden_size=64, num_heads=4, num_kv_heads=2))))
 case("ckpt/lora into plain model", ValueError, ["LoRA", "model"],
      lambda t: (saved(t, models.apply_lora(model(), r=4)), load(t)))
 case("ckpt/lora rank mismatch", ValueError, ["{tmp}/ckpt/adapter_model.safetensors", "shape"],
@@ -390,13 +390,13 @@ case("sft/learning_rate<0", ValueError, "learning_rate", lambda t: run_sft([("1+
 case("sft/eval_every without eval_fn", ValueError, "eval_fn", lambda t: run_sft([("1+1=", "2")], eval_every=5))
 
 # --- rlnb.tiny --------------------------------------------------------------------------------------------------------
-case("tiny/hidden_size=0", ValueError, "hidden_size", lambda t: tiny.build_tiny_model(tok(), hidden_size=0))
-case("tiny/hidden_size float", ValueError, "hidden_size", lambda t: tiny.build_tiny_model(tok(), hidden_size=128.0))
+case("tiny/hidden_size=0", ValueError, "hidden_size", lambda t: tiny.create_tiny_model(tok(), hidden_size=0))
+case("tiny/hidden_size float", ValueError, "hidden_size", lambda t: tiny.create_tiny_model(tok(), hidden_size=128.0))
 case("tiny/hidden_size % num_heads", ValueError, ["hidden_size", "num_heads"],
-     lambda t: tiny.build_tiny_model(tok(), hidden_size=130))
+     lambda t: tiny.create_tiny_model(tok(), hidden_size=130))
 case("tiny/num_heads % num_kv_heads", ValueError, "num_kv_heads",
-     lambda t: tiny.build_tiny_model(tok(), num_kv_heads=3))
-case("tiny/num_layers<0", ValueError, "num_layers", lambda t: tiny.build_tiny_model(tok(), num_layers=-1))
+     lambda t: tiny.create_tiny_model(tok(), num_kv_heads=3))
+case("tiny/num_layers<0", ValueError, "num_layers", lambda t: tiny.create_tiny_model(tok(), num_layers=-1))
 case("tiny/steps=0", ValueError, "steps", lambda t: tiny.load_tiny_model(steps=0, progress=False))
 case("tiny/steps str", ValueError, "steps", lambda t: tiny.load_tiny_model(steps="10", progress=False))
 case("tiny/unknown task", ValueError, "'nope'", lambda t: tiny.load_tiny_model("nope", progress=False))

@@ -20,7 +20,7 @@ TRAINING_NB = Path(__file__).resolve().parent.parent / "nbs" / "experiments" / "
 
 @functools.cache
 def tok():
-    return tiny.build_tokenizer()
+    return tiny.create_tiny_tokenizer()
 
 
 def status_folder(tmp_path, notebook) -> Path:

@@ -10,14 +10,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing")
 from rlnb.core import TrainingState, TrainingStats
 from rlnb.checkpoints import checkpoint_exists, load_checkpoint, save_checkpoint
 from rlnb.loggers import create_jsonl_logger, create_progress_logger, load_metrics
-from rlnb.tiny import build_tiny_model, build_tokenizer
+from rlnb.tiny import create_tiny_model, create_tiny_tokenizer
 
 torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and far faster on a shared, busy CPU
-TOK = build_tokenizer()
+TOK = create_tiny_tokenizer()
 
 
 def tiny_model(seed=0):
-    return build_tiny_model(TOK, hidden_size=64, intermediate_size=128, seed=seed)
+    return create_tiny_model(TOK, hidden_size=64, intermediate_size=128, seed=seed)
 
 
 def lora_state(seed=0):

@@ -1,10 +1,11 @@
 "One config: every field of TrainingConfig changes what a run does, or is rejected; none is accepted and ignored."
-import math
+import math, sys
 
 import pytest
 import torch
 
 import rlnb.training as training
+from rlnb.algorithms import STEP_EXTENSIONS
 from rlnb.core import TrainingConfig, create_training_config
 from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS
 from rlnb.tiny import load_tiny_model
@@ -26,8 +27,14 @@ CHANGES = {  # field -> a value different from BASE's (or the default)
     "generator": "hf_bf16", "rollout_correction": "tis_token", "rollout_correction_cap": 1.001,
     "rollout_correction_low": 0.999, "rollout_correction_high": 1.001, "off_policy_steps": 1,
     "entropy_coef": 0.01, "entropy_top_fraction": 0.2, "entropy_target": 100.0, "entropy_coef_step": 1e-3,
-    "entropy_coef_max": 1e-5, "mixed_precision": "bf16",
+    "entropy_coef_max": 1e-5, "mixed_precision": "bf16", "plugins": "config_plugin",
 }
+# the module `plugins` names: importing it registers a step extension that every step reports
+PLUGIN = """
+from rlnb.algorithms import StepExtension, register_step_extension
+register_step_extension("config_plugin", StepExtension(
+    loss_term=lambda batch, logprobs, entropy, config, algo: (logprobs.new_zeros(()), {"plugin/seen": 1.0})))
+"""
 NEEDS = {  # field -> the settings under which it acts (the run it must change is BASE with these)
     "rollout_correction_cap": {"generator": "hf_bf16", "rollout_correction": "tis_token"},
     "rollout_correction_low": {"generator": "hf_bf16", "rollout_correction": "icepop"},
@@ -77,6 +84,9 @@ def test_every_field_is_covered():
 def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
     MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"] = (
         perturbed_tiny, lambda c: load_tiny_model(progress=False)[1])
+    (tmp_path / "config_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert list(CHANGES)[-1] == "plugins"  # last: the extension it registers would change every run after it
     try:
         base_config = create_training_config(**BASE)
         base = outcome(base_config, monkeypatch)
@@ -102,6 +112,8 @@ def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
         assert not ignored, f"accepted and ignored: {ignored}"
     finally:
         del MODEL_LOADERS["tiny-perturbed"], TOKENIZER_LOADERS["tiny-perturbed"]
+        STEP_EXTENSIONS.pop("config_plugin", None)
+        sys.modules.pop("config_plugin", None)
 
 
 def test_a_lower_case_bool_from_the_command_line_says_what_to_write():

@@ -5,10 +5,10 @@ import torch
 from rlnb.algorithms import (aggregate_loss, compute_batch_advantages, compute_loss_by_algorithm,
                              create_algorithm_config, grpo_loss)
 from rlnb.core import CollatedBatch, TrainingConfig, set_seed
-from rlnb.distillation import distillation_advantages, opd_advantages
+from rlnb.distillation import compute_distillation_advantages, compute_opd_advantages
 from rlnb.kl import attach_teacher, check_same_tokenizer, check_teacher_model, load_teacher, teacher_metrics
 from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS
-from rlnb.tiny import build_tiny_model, build_tokenizer, load_tiny_model
+from rlnb.tiny import create_tiny_model, create_tiny_tokenizer, load_tiny_model
 from rlnb.step import create_training_state, training_step
 from rlnb.training import train
 
@@ -30,7 +30,7 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 
 
 def test_hand_worked_numbers():
-    adv = distillation_advantages(STUDENT, TEACHER, MASK)
+    adv = compute_distillation_advantages(STUDENT, TEACHER, MASK)
     torch.testing.assert_close(adv, torch.tensor([[0.3, -1.0, 0.0], [1.0, 0.0, 0.0]]))
     lp = STUDENT.clone().requires_grad_(True)
     loss, m = compute_loss_by_algorithm(batch_of(STUDENT, TEACHER, MASK), lp, create_algorithm_config("opd"))
@@ -81,7 +81,7 @@ def test_expected_gradient_is_the_reverse_kl_gradient():
     lp = s.T  # (V, T): row v is the completion (v, v, ..., v)
     probs = lp.detach().exp()
     weighted = lambda per_token, mask: (per_token * probs).sum()  # the expectation over the student's samples
-    loss, _ = grpo_loss(lp, lp.detach(), distillation_advantages(lp.detach(), q.T, torch.ones(V, T)),
+    loss, _ = grpo_loss(lp, lp.detach(), compute_distillation_advantages(lp.detach(), q.T, torch.ones(V, T)),
                         torch.ones(V, T), aggregation=weighted)
     expected, = torch.autograd.grad(loss, logits)
     torch.testing.assert_close(expected, exact, rtol=1e-5, atol=1e-6)
@@ -100,20 +100,20 @@ def test_sampled_gradient_converges():
     exact, = torch.autograd.grad((s.exp() * (s - q)).sum(), logits)
     tokens = torch.distributions.Categorical(logits=logits.detach()).sample((n,))  # (n, T)
     lp = logits.log_softmax(-1)[torch.arange(T), tokens]
-    adv = distillation_advantages(lp.detach(), q[torch.arange(T), tokens], torch.ones(n, T))
+    adv = compute_distillation_advantages(lp.detach(), q[torch.arange(T), tokens], torch.ones(n, T))
     grad, = torch.autograd.grad(aggregate_loss(-adv * lp, torch.ones(n, T)), logits)
     assert (grad * T - exact).abs().max() < 0.05
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="opd_advantages: `teacher_logprobs` is None"):
+    with pytest.raises(ValueError, match="compute_opd_advantages: `teacher_logprobs` is None"):
         compute_batch_advantages(batch_of(STUDENT, None, MASK), create_algorithm_config("opd"))
     with pytest.raises(ValueError, match="teacher_logprobs"):
-        distillation_advantages(STUDENT, TEACHER[:, :2], MASK)
+        compute_distillation_advantages(STUDENT, TEACHER[:, :2], MASK)
     with pytest.raises(ValueError, match="teacher_logprobs"):
-        distillation_advantages(STUDENT, torch.full_like(TEACHER, float("nan")), MASK)
+        compute_distillation_advantages(STUDENT, torch.full_like(TEACHER, float("nan")), MASK)
     with pytest.raises(ValueError, match="teacher_coef"):
-        opd_advantages(torch.zeros(2), torch.arange(2), STUDENT, TEACHER, MASK, teacher_coef=float("inf"))
+        compute_opd_advantages(torch.zeros(2), torch.arange(2), STUDENT, TEACHER, MASK, teacher_coef=float("inf"))
     with pytest.raises(ValueError, match="no option"):
         create_algorithm_config("opd", teacher_weight=1.0)
 
@@ -183,9 +183,9 @@ def test_clear_errors(tiny):
         train(TrainingConfig(algorithm="opd", **SMALL), progress=False)
     with pytest.raises(ValueError, match="not both"):
         train(TrainingConfig(algorithm="opd", teacher="tiny", **SMALL), teacher=model, progress=False)
-    longer = build_tokenizer()
+    longer = create_tiny_tokenizer()
     longer.add_tokens(["<tool>"])
-    wide = build_tiny_model(longer, hidden_size=32, num_layers=1)
+    wide = create_tiny_model(longer, hidden_size=32, num_layers=1)
     with pytest.raises(ValueError, match="train: the teacher scores 267 token ids, the student 266"):
         train(TrainingConfig(algorithm="opd", **SMALL), teacher=wide, progress=False)
     with pytest.raises(TypeError, match="nn.Module"):
@@ -196,7 +196,7 @@ def shuffled_tokenizer(config):
     "The tiny tokenizer with two ids swapped: the same strings, other ids."
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
-    vocab = build_tokenizer().get_vocab()
+    vocab = create_tiny_tokenizer().get_vocab()
     strings = sorted(vocab, key=vocab.get)
     strings[40], strings[41] = strings[41], strings[40]
     backend = Tokenizer(models.WordLevel({s: i for i, s in enumerate(strings)}, unk_token="<|pad|>"))
@@ -205,7 +205,7 @@ def shuffled_tokenizer(config):
 
 def test_a_teacher_with_another_tokenizer_is_refused(tiny):
     model, tok = tiny
-    check_same_tokenizer(build_tokenizer(), tok)  # read back from a folder: one special token more, at the end
+    check_same_tokenizer(create_tiny_tokenizer(), tok)  # read back from a folder: one special token more, at the end
     MODEL_LOADERS["tiny-shuffled"], TOKENIZER_LOADERS["tiny-shuffled"] = (
         lambda c: load_tiny_model(progress=False)[0], shuffled_tokenizer)
     try:

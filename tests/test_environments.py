@@ -8,7 +8,7 @@ from rlnb.environments import (ConversationState, count_letters, create_conversa
                                scripted_user, swap_roles)
 from rlnb.multiturn import create_multiturn_rollout, parse_tool_calls
 from rlnb.tasks import get_task
-from rlnb.tiny import build_tokenizer, load_tiny_model
+from rlnb.tiny import create_tiny_tokenizer, load_tiny_model
 from rlnb.tools import calculator, execute_tools
 
 torch.set_num_threads(1)
@@ -32,8 +32,9 @@ def scripted(*replies):
 
 def play(env, *replies, max_turns=6, answer="42"):
     "One scripted episode of `env` on 'What is 6*7?'."
-    batch = create_multiturn_rollout(None, build_tokenizer(), ["What is 6*7?"], GenerationConfig(max_new_tokens=64),
-                                     env=env, answers=[answer], generator=scripted(*replies), max_turns=max_turns)
+    batch = create_multiturn_rollout(None, create_tiny_tokenizer(), ["What is 6*7?"],
+                                     GenerationConfig(max_new_tokens=64), env=env, answers=[answer],
+                                     generator=scripted(*replies), max_turns=max_turns)
     return batch.rollouts[0]
 
 
@@ -135,7 +136,7 @@ def test_conversation_ends_when_the_user_leaves():
     assert [m.content for m in r.conversation.messages] == ["What is 6*7?", "41", "Are you sure?", "42"]
     assert seen == [(1, "42", 2), (2, "42", 4)]
     assert r.rewards == pytest.approx(0.5 + 0.5 + 1.0)  # two turn rewards, then the final answer's
-    assert r.loss_mask.count(0) > 0 and "Are you sure?" not in build_tokenizer().decode(
+    assert r.loss_mask.count(0) > 0 and "Are you sure?" not in create_tiny_tokenizer().decode(
         [t for t, m in zip(r.token_ids, r.loss_mask) if m])  # the user's turn is in the stream, not trained
 
 

@@ -12,7 +12,7 @@ from rlnb.generation import batch_generate, generate, generate_with_logprobs
 from rlnb.logprobs import compute_logprobs_for_tokens, naive_logprobs
 from rlnb.models import MODEL_LOADERS, TOKENIZER_LOADERS, apply_lora, load_model, load_tokenizer
 from rlnb.tools import execute_tools, extract_tool_calls
-from rlnb.tiny import build_tiny_model, build_tokenizer
+from rlnb.tiny import create_tiny_model, create_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def tiny():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is as fast, and much faster on a shared CPU
-    tok = build_tokenizer()
-    yield build_tiny_model(tok), tok
+    tok = create_tiny_tokenizer()
+    yield create_tiny_model(tok), tok
     torch.set_num_threads(threads)
 
 
@@ -140,7 +140,7 @@ def test_early_eos_rows_are_cut_and_scored_right(tiny, prompts, pad_is_eos):
     """Rows that stop early end with one EOS, others run to the budget; also when the pad token is the EOS token
     (GPT-2 style)."""
     model, _ = tiny
-    tok = build_tokenizer()
+    tok = create_tiny_tokenizer()
     if pad_is_eos: tok.pad_token = tok.eos_token
     cfg = GenerationConfig(max_new_tokens=6, do_sample=False, logprobs=True,
                            custom_params={"logits_processor": [EndOddRows(tok.eos_token_id, 2)]})
@@ -260,7 +260,7 @@ def test_model_and_tokenizer_registries(tiny):
     "A name in MODEL_LOADERS / TOKENIZER_LOADERS is loaded by its loader, then placed and wrapped like any model."
     model, tok = tiny
     MODEL_LOADERS["test-copy"] = lambda c: copy.deepcopy(model)
-    TOKENIZER_LOADERS["test-copy"] = lambda c: build_tokenizer()
+    TOKENIZER_LOADERS["test-copy"] = lambda c: create_tiny_tokenizer()
     try:
         m = load_model(ModelConfig("test-copy", device="cpu", dtype="bfloat16", use_lora=True, lora_r=2))
         assert m.get_base_model().dtype == torch.bfloat16 and any(p.requires_grad for p in m.parameters())
@@ -278,7 +278,7 @@ def test_clear_errors(tiny):
         batch_generate(model, tok, ["1+1="], cfg._replace(num_return_sequences=0))
     with pytest.raises(ValueError, match="max_new_tokens"):
         batch_generate(model, tok, ["1+1="], cfg._replace(max_new_tokens=0))
-    bare = build_tokenizer(); bare.pad_token = None; bare.eos_token = None
+    bare = create_tiny_tokenizer(); bare.pad_token = None; bare.eos_token = None
     with pytest.raises(ValueError, match="neither a pad token nor an EOS token"):
         batch_generate(model, bare, ["1+1="], cfg)
     ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)

@@ -25,7 +25,7 @@ PUBLIC = {
                "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform "
                "pareto_ranks pareto_reward",
     "reward_models": "load_reward_model compute_reward_model_score create_rm_reward_fn create_rm_rollout_fn "
-                     "preference_loss make_preference_pairs make_rollout_pairs train_reward_model "
+                     "preference_loss create_preference_pairs create_rollout_pairs train_reward_model "
                      "load_tiny_reward_model",
     "kl": "compute_forward_kl compute_reverse_kl compute_per_token_kl compute_batch_kl create_truncated_kl "
           "create_adaptive_kl create_reference_model get_reference_logprobs create_ema_updater "
@@ -62,7 +62,7 @@ PUBLIC = {
                    "all_reduce_gradients averaged_step reduced_stats any_rank is_sharded decoder_layers shard_module "
                    "shard_training_state full_parameters full_training_state sharded_hooks even_micro_batches "
                    "sharded_micro_batches",
-    "distillation": "distillation_advantages opd_advantages",
+    "distillation": "compute_distillation_advantages compute_opd_advantages",
     "loggers": "reward_metrics update_ema_metrics log_to_console log_to_wandb create_jsonl_logger load_metrics "
                "plot_metrics create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
@@ -73,7 +73,7 @@ PUBLIC = {
     "resume": "RUN_IDENTITY output_lock output_paths check_same_run resumed_state",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
-    "tiny": "load_tiny_model build_tokenizer build_tiny_model train_tiny_model_into read_tiny_history",
+    "tiny": "load_tiny_model create_tiny_tokenizer create_tiny_model train_tiny_model_into read_tiny_history",
     "experiments": "RunResult STATUS_FILE RUN_LOCK_FILE ATTEMPTS_DIR ProcessPerRun check_run_params run_name "
                    "expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
     "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",
@@ -81,9 +81,9 @@ PUBLIC = {
               "QUANTITY_STYLES",
     "environments": "count_letters create_text_environment create_verifier_tool create_verification_environment "
                     "ConversationState create_conversation_environment scripted_user swap_roles create_model_user",
-    "tool_use": "TOOL_SYSTEM_PROMPT TOOL_USE_SFT TOOL_USE_RL products_task tool_demonstration make_tool_demonstrations "
-                "sft_tool_use_model tool_use_cache_path load_tool_use_model tool_use_stats create_tool_use_rollout_fn "
-                "evaluate_tool_use tool_use_config",
+    "tool_use": "TOOL_SYSTEM_PROMPT TOOL_USE_SFT TOOL_USE_RL products_task tool_demonstration "
+                "create_tool_demonstrations sft_tool_use_model tool_use_cache_path load_tool_use_model tool_use_stats "
+                "create_tool_use_rollout_fn evaluate_tool_use tool_use_config",
 }
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from rlnb.core import Generation, Rollout
 from rlnb.tasks import (TASKS, Task, TaskExample, check_countdown, extract_gsm8k_answer, extract_number, get_task,
-                        list_tasks, load_jsonl_dataset, make_dataset_task, safe_eval)
+                        list_tasks, load_jsonl_dataset, create_dataset_task, safe_eval)
 
 GSM8K_RECORDS = [
     {"question": "Tom has 3 boxes of 4 pens. How many pens?", "answer": "3 * 4 = <<3*4=12>>12\n#### 12"},
@@ -72,7 +72,7 @@ def test_custom_keys(tmp_path):
 
 
 def test_dataset_task(gsm8k_file):
-    task = make_dataset_task(load_jsonl_dataset(gsm8k_file, answer_extractor=extract_gsm8k_answer), name="gsm8k")
+    task = create_dataset_task(load_jsonl_dataset(gsm8k_file, answer_extractor=extract_gsm8k_answer), name="gsm8k")
     assert isinstance(task, Task) and task.name == "gsm8k"
     first = task.sample(7, seed=3)
     assert first == task.sample(7, seed=3) and first[:3] == task.sample(3, seed=3)

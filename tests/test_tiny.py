@@ -13,7 +13,7 @@ from rlnb.core import ModelConfig
 from rlnb.models import load_model, load_tokenizer
 from rlnb.rollouts import evaluate_accuracy
 from rlnb.cache import SHIPPED_DIR
-from rlnb.tiny import (DEFAULT_SFT_STEPS, SUMMARY_FILE, build_tiny_model, build_tokenizer, load_tiny_model,
+from rlnb.tiny import (DEFAULT_SFT_STEPS, SUMMARY_FILE, create_tiny_model, create_tiny_tokenizer, load_tiny_model,
                        read_tiny_history, tiny_cache_path, tiny_model_path)
 
 FAST = dict(steps=6, sft_config={"eval_size": 16, "eval_every": 0}, progress=False)  # seconds, not a useful model
@@ -24,7 +24,7 @@ def _leftovers(root):
 
 
 def test_tokenizer_round_trip_and_chat_template(tmp_path):
-    tok = build_tokenizer()
+    tok = create_tiny_tokenizer()
     for s in ["12+34=46", "a b  c\n\nd\te", "  leading and trailing  ", "<think>x</think><tool_call>{}</tool_call>", "",
               "naïve → ∑"]:
         assert tok.decode(tok.encode(s)) == s
@@ -41,8 +41,8 @@ def test_tokenizer_round_trip_and_chat_template(tmp_path):
 
 
 def test_model_save_load_round_trip(tmp_path):
-    tok = build_tokenizer()
-    model = build_tiny_model(tok)
+    tok = create_tiny_tokenizer()
+    model = create_tiny_model(tok)
     assert 500_000 <= sum(p.numel() for p in model.parameters()) <= 2_000_000
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)

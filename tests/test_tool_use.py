@@ -5,7 +5,8 @@ import torch
 from rlnb.core import Generation, Rollout
 from rlnb.quickstart import quick_start_training
 from rlnb.tool_use import (create_tool_use_rollout_fn, evaluate_tool_use, load_tool_use_model,
-                           make_tool_demonstrations, products_task, tool_demonstration, tool_use_config, tool_use_stats)
+                           create_tool_demonstrations, products_task, tool_demonstration, tool_use_config,
+                           tool_use_stats)
 
 torch.set_num_threads(1)
 
@@ -25,13 +26,13 @@ def test_task_and_demonstrations():
     assert demo.messages[2].content == f'<tool name="calculator">{examples[0].prompt[:-1]}</tool>'
     assert demo.messages[3].content == demo.messages[4].content == examples[0].answer
     assert [m.role for m in tool_demonstration(examples[0], system_prompt=None).messages][0] == "user"
-    assert len(make_tool_demonstrations(task, 5, seed=1)) == 5
+    assert len(create_tool_demonstrations(task, 5, seed=1)) == 5
 
 
 def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="`digits`"): products_task(digits=0)
-    with pytest.raises(ValueError, match="`n` must be an int >= 1"): make_tool_demonstrations(products_task(), 0)
-    with pytest.raises(TypeError, match="`task` must be a Task"): make_tool_demonstrations("products", 3)
+    with pytest.raises(ValueError, match="`n` must be an int >= 1"): create_tool_demonstrations(products_task(), 0)
+    with pytest.raises(TypeError, match="`task` must be a Task"): create_tool_demonstrations("products", 3)
     with pytest.raises(TypeError, match="must have a .prompt"): tool_demonstration("37*48=")
     with pytest.raises(TypeError, match="`task` must be a Task"): create_tool_use_rollout_fn(task="products")
     with pytest.raises(ValueError, match="`rollouts` is empty"): tool_use_stats([])

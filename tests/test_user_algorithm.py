@@ -1,5 +1,7 @@
 """An algorithm a user registers in one place runs through every path of the loop, with no other registration: by
 name, micro-batches, a sampler correction, one-step off-policy and resume, switching mid-run, two processes."""
+import json, os, sys
+
 import pytest
 import torch
 
@@ -132,3 +134,46 @@ def test_two_processes_run_a_registered_spec(tmp_path):
     (i0, w0, names), (i1, w1, _) = (torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD))
     assert i0 == i1 == 2 and names == ["median", "median"]
     torch.testing.assert_close(w1, w0, rtol=0, atol=0)  # the ranks took the same updates
+
+
+PLUGIN = '''
+"A user's module: importing it registers a GRPO whose advantages are the group-centred rewards, unscaled."
+from rlnb.algorithms import AlgorithmSpec, compute_grpo_advantages, grpo_loss, register_algorithm, ALGORITHMS
+
+register_algorithm("centred_grpo", ALGORITHMS["grpo"]._replace(default_config={**ALGORITHMS["grpo"].default_config,
+                                                                               "scale": "none"}))
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    "A module on the Python path (of this process and of the processes it starts) that registers `centred_grpo`."
+    (tmp_path / "user_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    yield tmp_path
+    ALGORITHMS.pop("centred_grpo", None)
+    sys.modules.pop("user_plugin", None)
+
+
+def test_a_plugin_module_registers_an_algorithm_the_config_names(plugin):
+    from rlnb.experiments import check_run_params
+    with pytest.raises(ValueError, match="`algorithm` must be one of"):
+        check_run_params({"algorithm": "centred_grpo"})  # not imported: unknown
+    check_run_params({"algorithm": "centred_grpo", "plugins": "user_plugin"})
+    state = train(TrainingConfig(**{**RUN, "algorithm": "centred_grpo", "num_iterations": 2}, plugins="user_plugin"),
+                  progress=False)
+    assert [s.custom_metrics["algorithm"] for s in state.stats_history] == ["centred_grpo"] * 2
+
+
+@pytest.mark.slow
+def test_a_papermill_run_imports_its_plugins(plugin, tmp_path):
+    "The way a new process learns a user's algorithm: `-p plugins MODULE` (here through rlnb.run_experiment)."
+    from rlnb.experiments import run_experiment
+    from test_experiments import TRAINING_NB
+    params = dict(plugins="user_plugin", algorithm="centred_grpo", num_iterations=2, prompts_per_step=2, group_size=4,
+                  max_new_tokens=6, eval_every=0)
+    result = run_experiment(TRAINING_NB, params, tmp_path / "run", env={"OMP_NUM_THREADS": "1"})
+    assert result.status == "completed", result
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {r.get("algorithm") for r in rows if "algorithm" in r} == {"centred_grpo"}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlnb.core import GenerationConfig, collate, create_training_config, set_seed
-from rlnb.engines import build_vllm_engine, create_vllm_generator, import_vllm, sync_weights
+from rlnb.engines import create_vllm_engine, create_vllm_generator, import_vllm, sync_weights
 from rlnb.generation import batch_generate
 from rlnb.logprobs import compute_logprobs_for_tokens
 from rlnb.mismatch import mismatch_metrics
@@ -120,7 +120,7 @@ def test_an_architecture_the_engine_cannot_load_is_named(tiny):
         pass
 
     with pytest.raises(RuntimeError, match="cannot serve this policy, a MyPolicy"):
-        build_vllm_engine(MyPolicy(tiny[0].config))
+        create_vllm_engine(MyPolicy(tiny[0].config))
 
 
 @needs_vllm
@@ -169,7 +169,7 @@ def test_a_sleeping_engine_wakes_its_weights_for_the_sync_and_its_cache_for_samp
     model, tok = tiny
     recorder = RecordingEngine(generator.llm)  # the module's engine: a second one in this process is not freed safely
     monkeypatch.setattr(engines, "_check_sleep_mode", lambda fn: None)  # as on a GPU build
-    monkeypatch.setattr(engines, "build_vllm_engine", lambda model, **options: recorder)
+    monkeypatch.setattr(engines, "create_vllm_engine", lambda model, **options: recorder)
     sleepy = create_vllm_generator(sleep=True)
     assert sleepy.engine_options["enable_sleep_mode"] is True
     config = GenerationConfig(max_new_tokens=8, do_sample=False)
