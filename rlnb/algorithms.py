@@ -547,13 +547,17 @@ def compute_loss_by_algorithm(
 class StepExtension(NamedTuple):
     "A part of every training step that belongs to no one algorithm; each hook optional (None: skipped)."
     # (state, batch, config, spec) -> (batch, config, metrics): before the micro-batches, without gradient; `spec` is
-    # the algorithm's (None for a name only a custom loss_fn knows), `config` the run's TrainingConfig
+    # the algorithm's (None for a name only a custom loss_fn knows), `config` the run's TrainingConfig, returned with
+    # this step's value of a knob the extension's own loss_term reads (the entropy controls: entropy_coef)
     prepare: Callable | None = None
     # (batch, logprobs, entropy, config, algorithm_config) -> (term, metrics): a scalar tensor added to a micro-batch's
-    # loss; logprobs and entropy are (b, C), with gradient
+    # loss; logprobs and entropy are (b, C), with gradient; `config` as `prepare` returned it
     loss_term: Callable | None = None
-    # (state, config, metrics) -> state: after the step, from the step's metrics
+    # (state, config, metrics) -> state: after the step, from the step's metrics; `config` the run's
     finish: Callable | None = None
+    # config -> bool: whether `prepare` narrows batch.loss_mask at these settings; the step then applies a sampler
+    # correction to the whole batch first (the micro-batches' shares of the loss change with the mask)
+    narrows_loss_mask: Callable | None = None
 
 
 STEP_EXTENSIONS: dict[str, StepExtension] = {}  # name -> extension, called in this order

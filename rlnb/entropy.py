@@ -19,7 +19,8 @@ from .logprobs import compute_logprobs_for_tokens
 
 # %% auto #0
 __all__ = ['ENTROPY_CONTROLS', 'entropy_bonus', 'high_entropy_mask', 'adaptive_entropy_coef', 'entropy_coefficient',
-           'update_entropy_control', 'apply_entropy_controls', 'entropy_loss_term', 'finish_entropy_control']
+           'update_entropy_control', 'apply_entropy_controls', 'entropy_loss_term', 'finish_entropy_control',
+           'masks_high_entropy']
 
 # %% ../nbs/36_entropy.ipynb #71c28899
 def _masked_token_mean(x: Tensor, loss_mask: Tensor) -> float:
@@ -151,5 +152,11 @@ def finish_entropy_control(state: TrainingState, config: TrainingConfig, metrics
     return update_entropy_control(state, config, metrics["entropy/mean"])
 
 
+def masks_high_entropy(config: TrainingConfig) -> bool:
+    "Whether apply_entropy_controls narrows the loss mask: with entropy_top_fraction < 1."
+    return config.entropy_top_fraction < 1
+
+
 ENTROPY_CONTROLS = register_step_extension("entropy", StepExtension(
-    prepare=apply_entropy_controls, loss_term=entropy_loss_term, finish=finish_entropy_control))
+    prepare=apply_entropy_controls, loss_term=entropy_loss_term, finish=finish_entropy_control,
+    narrows_loss_mask=masks_high_entropy))

@@ -251,22 +251,25 @@ def _transformed(cb: CollatedBatch, rollouts: list, reward_transform: Callable |
     return cb._replace(rewards=_checked_rewards(r, cb.rewards.shape[0], cb.rewards.device, fn))
 
 # %% ../nbs/42_step.ipynb #bcb20862
-def _corrects_in_update(cfg: TrainingConfig) -> bool:
+def _corrects_in_update(cfg: TrainingConfig, extensions: Sequence = ()) -> bool:
     """True when the update's own forward pass can measure and correct the sampler's log-probs: one update per batch
     (its log-probs are then the old policy's), a correction that drops no token (the micro-batches' shares hold),
-    and no high-entropy mask (cut before the update, it would narrow the tokens a weight is taken over)."""
+    and no extension that narrows the loss mask (e.g. the high-entropy mask: cut before the update, it would narrow
+    the tokens a weight is taken over)."""
     correction = ROLLOUT_CORRECTIONS.get(cfg.rollout_correction)  # by identity: a replaced entry is rescored
-    weighs_only = correction in (tis_token_correction, tis_seq_correction) and cfg.entropy_top_fraction >= 1
+    narrowed = any(ext.narrows_loss_mask is not None and ext.narrows_loss_mask(cfg) for ext in extensions)
+    weighs_only = correction in (tis_token_correction, tis_seq_correction) and not narrowed
     return cfg.updates_per_batch == 1 and (correction is no_correction or weighs_only)
 
 
 def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, spec, head,
-                       cfg: TrainingConfig) -> CollatedBatch:
+                       cfg: TrainingConfig, extensions: Sequence = ()) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference and teacher log-probs, spec's fields."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
     # a correction of the sampler's log-probs (vLLM, a bf16 copy) acts before the micro-batches are cut, after the
     # trainer scores the tokens once more, unless the update's own pass can apply it (TIS, "none": see above)
-    rescore = cfg.updates_per_batch > 1 or (cb.rollout_logprobs is not None and not _corrects_in_update(cfg))
+    corrects_in_update = _corrects_in_update(cfg, extensions)
+    rescore = cfg.updates_per_batch > 1 or (cb.rollout_logprobs is not None and not corrects_in_update)
     rescore = rescore or (spec is not None and spec.needs_old_logprobs)  # an advantage_fn that reads them (opd)
     with torch.no_grad(), precision_context(cfg.mixed_precision, model_device(model)):  # bf16 autocast, if asked
         if head is not None:  # PPO: sampling-time values (and log-probs) from one pass
@@ -306,8 +309,8 @@ def _prepared_state(state: TrainingState, spec) -> tuple[TrainingState, Any]:
 
 def _prepared_extensions(extensions: list, state: TrainingState, cb: CollatedBatch, cfg: TrainingConfig, spec,
                          metrics: dict) -> tuple[CollatedBatch, TrainingConfig, dict]:
-    "Each step extension's `prepare` (e.g. the high-entropy mask), in order, with the model's precision for its passes."
-    with precision_context(cfg.mixed_precision, model_device(state.model)):  # a scoring pass, like the update's
+    "Each step extension's `prepare` (e.g. the high-entropy mask) in turn, without gradient, in the update's autocast."
+    with torch.no_grad(), precision_context(cfg.mixed_precision, model_device(state.model)):
         for ext in extensions:
             if ext.prepare is None: continue
             cb, cfg, more = ext.prepare(state, cb, cfg, spec)
@@ -333,7 +336,7 @@ def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -
 def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: Mapping, kl_fn: Callable | None,
                       cfg: TrainingConfig, measure_kl: bool, iteration: int, fn: str,
                       extensions: Sequence = ()) -> tuple[Tensor, Mapping, Tensor]:
-    "Step 4 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), extensions' terms."
+    "Step 6 on one micro-batch: log-probs with grad, `loss_fn`'s loss (checked: a gradient, finite), extensions' terms."
     sharded = data_parallel().is_sharded(model)  # FSDP: one forward per micro-batch on every rank, no shared prompts
     with precision_context(cfg.mixed_precision, model_device(model)):  # the forward only: the loss stays float32
         out = compute_logprobs_for_tokens(model, mb.input_ids, mb.attention_mask, mb.completion_ids.shape[1],
@@ -357,6 +360,9 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
     for ext in extensions:  # e.g. the entropy bonus, averaged like the loss so that micro-batches add up to the batch
         if ext.loss_term is None: continue
         term, more = _checked_loss(ext.loss_term(mb, logprobs, entropy, cfg, algo), fn, "a step extension's loss_term")
+        if not torch.isfinite(term):
+            raise FloatingPointError(f"{fn}: a step extension's loss term is {term.item()} at iteration {iteration}; "
+                                     "stopping before it reaches the weights")
         loss, metrics = loss + term, {**metrics, **more}
     if measure_kl and "kl/mean" not in metrics and mb.ref_logprobs is not None:  # a loss that does not measure the KL
         kl = compute_per_token_kl(logprobs.detach(), mb.ref_logprobs, kl_fn=kl_fn, mask=mb.loss_mask)  # (b, C)
@@ -369,7 +375,7 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
 def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, loss_fn: Callable, algo: Mapping,
                 kl_fn: Callable | None, cfg: TrainingConfig, step_fn: Callable, first: bool,
                 fn: str, scale: float = 1.0, extensions: Sequence = ()) -> tuple[TrainingState, dict]:
-    "Steps 4 and 5: each micro-batch's loss, scaled by its share, back-propagated; then one optimizer step."
+    "Step 6: each micro-batch's loss, scaled by its share, back-propagated; then one optimizer step."
     totals, loss_value = {}, 0.0
     # the sampler's log-probs not yet compared with the trainer's (no rescoring pass): compared with this update's
     trainer = torch.zeros_like(cb.rollout_logprobs) if first and cb.old_logprobs is None and \
@@ -405,6 +411,9 @@ class OneProcess:
     def reduced_stats(self, stats, cb, raw_rewards, share): return stats  # the whole batch's metrics
     def any_rank(self, flag) -> bool: return bool(flag)  # ranks skip, stop and return together
     def rank_failure(self, error, iteration, config): return None  # a dead peer, told apart from our own error
+    def shard_training_state(self, state): return state  # FSDP: the model, reference and head sharded
+    def sharded_hooks(self, rollout_fn, eval_fn, checkpoint_fn, writer):  # FSDP: every rank joins their gathers
+        return rollout_fn, eval_fn, checkpoint_fn
 
 
 def data_parallel(start: bool = False):
@@ -442,8 +451,9 @@ def training_step(
     state, head = _prepared_state(state, spec)  # 3. what the spec prepares: PPO's value head
     dp.sync_parameters(state)
     with dp.full_parameters(state.model, state.ref_model, head):  # old, reference, teacher log-probs; prepare_batch
-        cb = _shared_quantities(state, cb, algo, spec, head, cfg)
-    if spec is not None: cb = dp.batch_advantages(cb, algo)  # 4. the advantages (PPO: and returns), once per batch
+        cb = _shared_quantities(state, cb, algo, spec, head, cfg, extensions)
+    with torch.no_grad():  # 4. the advantages (PPO: and returns), once per batch
+        if spec is not None: cb = dp.batch_advantages(cb, algo)
     cb, metrics = _corrected(cb, algo, cfg, fn)  # 5. the sampler's tokens reweighted or dropped, if asked
     cb, step_cfg, metrics = _prepared_extensions(extensions, state, cb, cfg, spec, metrics)  # e.g. the entropy mask
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None

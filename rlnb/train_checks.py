@@ -138,8 +138,12 @@ def checked_generator(generator: Callable | None, fn: str = "train") -> Callable
     return checked
 
 # %% ../nbs/70_train_checks.ipynb #b570f067
-def warn_unused_hooks(state: TrainingState, kl_fn: Callable | None, ref_model_update_fn: Callable | None,
-                       fn: str = "train") -> None:
+def warn_unused_hooks(
+    state: TrainingState,  # the run's first state: whether it has a reference model
+    kl_fn: Callable | None,  # train's `kl_fn`
+    ref_model_update_fn: Callable | None,  # train's `ref_model_update_fn`
+    fn: str = "train",  # the caller's name, for messages
+) -> None:
     "A warning for each hook the run will never call: without a reference model there is no KL and nothing to update."
     if state.ref_model is not None: return
     why = "the run has no reference model (there is one under LoRA, or when beta > 0)"

@@ -284,7 +284,7 @@ def train(
                  kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn, optimizer_step_fn=optimizer_step_fn,
                  eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
     loggers = check_train_arguments(config, hooks, logger, algorithm_config, model, tokenizer, initial_state, prompts,
-                                 system_prompt, progress, fn)
+                                    system_prompt, progress, fn)
     own_prompts = prompts is not None or prompt_loader is not None
     task = _run_task(config, hooks, own_prompts)
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)

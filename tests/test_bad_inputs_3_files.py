@@ -148,7 +148,7 @@ case("metrics/drop rows iteration a str", TypeError, "`iteration` must be an int
 case("train/fresh run, metrics.jsonl a link", ValueError, ["{tmp}/run/metrics.jsonl", "is a symbolic link"],
      lambda t: ((t / "run").mkdir(), link_to_other(t / "run"),
                 training.train(small(output_dir=str(t / "run")), model=model(), tokenizer=_tiny()[1], progress=False)))
-# train checks its output_dir (`_output_paths`) before it makes the logger: the folder is named, not read as a run
+# train checks its output_dir (rlnb.resume.output_paths) before it makes the logger: the folder is named, not read
 case("train/fresh run, metrics.jsonl a folder", ValueError, ["{tmp}/run/metrics.jsonl", "is a folder"],
      lambda t: ((t / "run" / "metrics.jsonl").mkdir(parents=True),
                 training.train(small(output_dir=str(t / "run")), model=model(), tokenizer=_tiny()[1], progress=False)))

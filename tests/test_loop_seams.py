@@ -10,7 +10,8 @@ import torch
 
 import rlnb
 from rlnb import distributed
-from rlnb.algorithms import STEP_EXTENSIONS, StepExtension, get_algorithm_config, register_step_extension
+from rlnb.algorithms import (STEP_EXTENSIONS, StepExtension, get_algorithm_config, register_step_extension,
+                             step_extensions)
 from rlnb.core import TrainingConfig
 from rlnb.step import OneProcess
 from rlnb.training import train
@@ -37,7 +38,8 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_loop_imports_no_algorithm_module():
-    assert imported_modules(PACKAGE / "training.py") & ALGORITHM_MODULES == set()
+    for module in ("step", "training", "train_checks", "resume"):
+        assert imported_modules(PACKAGE / f"{module}.py") & ALGORITHM_MODULES == set(), module
 
 
 def import_cycles() -> list[set[str]]:
@@ -106,3 +108,23 @@ def test_a_schedule_that_reaches_opd_later_needs_its_teacher():
     schedule = lambda iteration: get_algorithm_config(iteration, {0: "grpo", 1: "opd"})
     with pytest.raises(ValueError, match="algorithm 'opd' learns from a teacher"):
         train(TrainingConfig(**SMALL), algorithm_config=schedule, progress=False)
+
+
+def test_an_extension_that_narrows_the_mask_sends_the_correction_to_the_whole_batch():
+    from rlnb.step import _corrects_in_update
+    tis = TrainingConfig(rollout_correction="tis_token")
+    assert _corrects_in_update(tis, [])  # the update's own pass weighs the tokens
+    narrowing = StepExtension(narrows_loss_mask=lambda config: True)
+    assert not _corrects_in_update(tis, [narrowing])  # rescored first: the mask changes the micro-batches' shares
+    assert not _corrects_in_update(tis._replace(entropy_top_fraction=0.5), step_extensions())  # the entropy mask
+
+
+def test_an_extensions_prepare_runs_without_gradient():
+    seen = []
+    def prepare(state, batch, config, spec):
+        seen.append(torch.is_grad_enabled())
+        return batch, config, {}
+    register_step_extension("probe", StepExtension(prepare=prepare))
+    try: train(TrainingConfig(**{**SMALL, "num_iterations": 1}), progress=False)
+    finally: del STEP_EXTENSIONS["probe"]
+    assert seen == [False]
