@@ -335,6 +335,9 @@ class AlgorithmSpec(NamedTuple):
     # and teacher log-probs and before the advantages: batch fields it computes itself. Several processes: each
     # prepares its own rows
     prepare_batch: Callable | None = None
+    # (algorithm_config, run_config) -> None: raises for settings under which it would train on nothing (pass@k's k
+    # at the group size: every advantage 0), naming the setting; `train` calls it for each config of the run first
+    check_config: Callable | None = None
 
 
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
@@ -364,7 +367,7 @@ def find_algorithm(
 
 
 # %% ../nbs/30_algorithms.ipynb #e091590d
-_SPEC_HOOKS = ("loss_units", "prepare_state", "rollout_wrapper", "prepare_batch")
+_SPEC_HOOKS = ("loss_units", "prepare_state", "rollout_wrapper", "prepare_batch", "check_config")
 _SPEC_FLAGS = ("group_relative", "whole_groups", "value_head", "needs_old_logprobs", "needs_teacher", "vector_rewards")
 CORRECTION_LEVELS = ("token", "sequence", None)
 

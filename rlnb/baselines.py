@@ -81,9 +81,17 @@ def compute_gdpo_advantages(
     return compute_reinforce_pp_advantages(summed, eps=eps)  # (s - batch mean) / (batch std + eps)
 
 # %% ../nbs/37_baselines.ipynb #aad619f5
+def _check_gdpo_config(algorithm_config, run_config) -> None:
+    "A run of gdpo: weights that are all 0 would sum every reward to 0."
+    w = algorithm_config.get("weights")
+    if w is not None and not isinstance(w, (str, bytes)) and len(w) and all(x == 0 for x in w):
+        raise ValueError(f"gdpo: `weights`={list(w)!r} are all 0, so every summed reward and every advantage would be "
+                         "0 and nothing would train; give at least one component a weight")
+
+
 ALGORITHMS["gdpo"] = AlgorithmSpec(compute_gdpo_advantages, grpo_loss,
                                    MappingProxyType(dict(weights=None, eps=1e-4, **_LOSS_DEFAULTS)),
-                                   vector_rewards=True)
+                                   vector_rewards=True, check_config=_check_gdpo_config)
 
 # %% ../nbs/37_baselines.ipynb #46531cb0
 def compute_remax_advantages(

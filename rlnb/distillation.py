@@ -56,7 +56,15 @@ def compute_opd_advantages(
     return compute_distillation_advantages(old_logprobs, teacher_logprobs, loss_mask, teacher_coef)
 
 
+def _check_opd_config(algorithm_config, run_config) -> None:
+    "A run of opd: `teacher_coef` 0 would make every advantage 0."
+    if algorithm_config.get("teacher_coef") == 0:
+        raise ValueError("opd: `teacher_coef`=0 multiplies every advantage by 0, so nothing would train; the teacher's "
+                         "signal is the only one opd has (1.0 by default)")
+
+
 ALGORITHMS["opd"] = AlgorithmSpec(compute_opd_advantages, grpo_loss, MappingProxyType(dict(
     teacher_coef=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
     max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False,
-    needs_old_logprobs=True, needs_teacher=True)  # the teacher's signal is measured against the sampling policy
+    needs_old_logprobs=True, needs_teacher=True,  # the teacher's signal is measured against the sampling policy
+    check_config=_check_opd_config)

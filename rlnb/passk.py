@@ -123,6 +123,14 @@ def compute_passk_advantages(
     return torch.where(right > 0, a_pos[stats.index], a_neg[stats.index]).to(r.dtype)
 
 # %% ../nbs/38_passk.ipynb #66105ee9
+def _check_passk_config(algorithm_config, run_config) -> None:
+    "A run of grpo_passk: k below the group size, or every k-subset is the whole group and every advantage 0."
+    k, size = algorithm_config.get("k"), run_config.group_size
+    if isinstance(k, int) and k >= size:
+        raise ValueError(f"grpo_passk: `k`={k} with group_size={size}: every {k}-subset of a group of {size} is the "
+                         f"whole group, so every advantage is 0 and nothing would train; use k < group_size")
+
+
 ALGORITHMS["grpo_passk"] = AlgorithmSpec(compute_passk_advantages, grpo_loss, MappingProxyType(dict(
     k=4, threshold=1.0, eps=1e-6, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
-    max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)))
+    max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), check_config=_check_passk_config)

@@ -338,9 +338,17 @@ ALGORITHMS["gmpo"] = AlgorithmSpec(compute_grpo_advantages, gmpo_loss, MappingPr
     **_GRPO_ADV, clip_eps=0.4, clip_eps_high=None, aggregation="sequence_mean", **_COMMON)),
     correction_level="sequence")  # one ratio per sequence: a correction weighs the row
 # the paper's recipe: Dr. GRPO's advantages (no std) and constant averaging, TV bound 0.15, no ratio cap
+def _check_dppo_config(algorithm_config, run_config) -> None:
+    "A run of dppo: a ratio cap of 0 or below would weigh every token's gradient by 0."
+    cap = algorithm_config.get("ratio_cap")
+    if cap is not None and cap <= 0:
+        raise ValueError(f"dppo: `ratio_cap`={cap!r} caps every token's weight at {cap}, so nothing would train; "
+                         "give a cap > 0, or None for no cap")
+
+
 ALGORITHMS["dppo"] = AlgorithmSpec(compute_grpo_advantages, dppo_loss, MappingProxyType(dict(
     scale="none", eps=1e-4, clip_eps=0.15, clip_eps_high=None, divergence="tv", ratio_cap=None,
-    aggregation="constant", **_COMMON)))
+    aggregation="constant", **_COMMON)), check_config=_check_dppo_config)
 ALGORITHMS["clip_cov"] = AlgorithmSpec(compute_clip_cov_advantages, grpo_loss, MappingProxyType(dict(
     **_GRPO_ADV, clip_cov_ratio=2e-4, clip_cov_low=1.0, clip_cov_high=5.0, clip_eps=0.2, clip_eps_high=None,
     aggregation="token_mean", log_ratio_clip=None, dual_clip=None, **_COMMON)),

@@ -18,7 +18,7 @@ from .cache import folder_lock
 from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint
 
 # %% auto #0
-__all__ = ['RUN_IDENTITY', 'output_lock', 'output_paths', 'check_same_run', 'resumed_state']
+__all__ = ['RUN_IDENTITY', 'output_lock', 'output_paths', 'applied_optimizer_settings', 'check_same_run', 'resumed_state']
 
 # %% ../nbs/71_resume.ipynb #05e31216
 def output_lock(
@@ -50,9 +50,37 @@ def output_paths(
         raise ValueError(f"{fn}: resume=True but {str(ckpt)!r} holds no checkpoint"
                          + (" (the run died before its first one: delete the folder and start again)"
                             if has_run else ""))
-    if config.resume:  # another run's checkpoint is refused here, before any model is loaded or built
-        check_same_run(checkpoint_metadata(ckpt)["metadata"].get("config"), config, ckpt, fn)
+    if config.resume:  # another run's checkpoint, or a run already past its end, is refused before any model loads
+        saved = checkpoint_metadata(ckpt)
+        check_same_run(saved["metadata"].get("config"), config, ckpt, fn)
+        if config.num_iterations < saved["iteration"]:
+            raise ValueError(f"{fn}: resume=True with num_iterations={config.num_iterations}, but {ckpt} is at "
+                             f"iteration {saved['iteration']}; num_iterations is the run's total, not what is left: "
+                             f"give at least {saved['iteration']}")
     return metrics, ckpt
+
+# %% ../nbs/71_resume.ipynb #b1095284
+def applied_optimizer_settings(
+    state: TrainingState,  # a state whose optimizer (and LambdaLR scheduler) a checkpoint just restored
+    saved: Mapping | None,  # the config the checkpoint was saved with (None: a checkpoint written by hand)
+    config: TrainingConfig,  # the resumed run's
+) -> dict:  # {field: (saved value, new value)} of the settings changed, now in the optimizer
+    "Put the config's learning_rate and weight_decay into a restored optimizer where they differ from the saved run's."
+    if not isinstance(saved, Mapping) or state.optimizer is None: return {}
+    changed = {k: (saved[k], getattr(config, k)) for k in ("learning_rate", "weight_decay")
+               if k in saved and saved[k] != getattr(config, k)}
+    sched = state.scheduler
+    for k, group in enumerate(state.optimizer.param_groups):
+        if "weight_decay" in changed: group["weight_decay"] = config.weight_decay
+        if "learning_rate" not in changed or group.get("initial_lr", saved["learning_rate"]) != saved["learning_rate"]:
+            continue  # a group of its own rate (a custom optimizer_fn's) keeps it
+        group["initial_lr"] = config.learning_rate
+        if sched is not None and hasattr(sched, "lr_lambdas"):  # LambdaLR: the new peak, at the saved position
+            sched.base_lrs[k] = config.learning_rate
+            group["lr"] = config.learning_rate * sched.lr_lambdas[k](sched.last_epoch)
+        else: group["lr"] = config.learning_rate
+    if sched is not None and changed: sched._last_lr = [g["lr"] for g in state.optimizer.param_groups]
+    return changed
 
 # %% ../nbs/71_resume.ipynb #1fbb211e
 # not the model's name: a folder may move (the weights' shapes are checked when they load)
@@ -90,6 +118,7 @@ def resumed_state(
     if saved["value_head"]:  # a run that had reached PPO: its spec gives the state a head to load the weights into
         state = next((s.prepare_state(state) for s in specs if s.value_head), state)
     loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
+    changed = applied_optimizer_settings(loaded, saved["metadata"].get("config"), config)  # the new values win
     state = loaded._replace(ref_model=state.ref_model, teacher=state.teacher,  # neither is in a checkpoint
                             metadata={**(loaded.metadata or {}), "config": config})
     if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
@@ -99,5 +128,6 @@ def resumed_state(
     if not writer: return state  # several processes: rank 0 trims the metrics file and reports
     dropped = drop_metrics_after(metrics_path, state.iteration)
     print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
-          + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else ""))
+          + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else "")
+          + "".join(f"; {k} {old:g} -> {new:g} from here on" for k, (old, new) in changed.items()))
     return state

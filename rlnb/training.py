@@ -190,12 +190,17 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
     return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
 
 
-def _run_specs(algo: Mapping | Callable, num_iterations: int) -> dict[str, AlgorithmSpec]:
-    "{name: spec} of every registered algorithm the run uses, in order: a schedule is read at every iteration."
-    configs = [algo(i) for i in range(num_iterations)] if callable(algo) else [algo]
-    names = dict.fromkeys(c.get("name") for c in configs if isinstance(c, Mapping))  # once each, in order
+def _run_specs(algo: Mapping | Callable, config: TrainingConfig) -> dict[str, AlgorithmSpec]:
+    "{name: spec} of each registered algorithm the run uses, in order (a schedule is read at every iteration), checked."
+    configs = [algo(i) for i in range(config.num_iterations)] if callable(algo) else [algo]
+    configs = [c for c in configs if isinstance(c, Mapping)]
+    names = dict.fromkeys(c.get("name") for c in configs)  # once each, in order
     specs = {n: find_algorithm(n) for n in names}
-    return {n: check_algorithm_spec(s, "train") for n, s in specs.items() if s is not None}  # also those set by hand
+    specs = {n: check_algorithm_spec(s, "train") for n, s in specs.items() if s is not None}  # also those set by hand
+    for c in configs:  # settings under which an algorithm would train on nothing are refused before anything loads
+        spec = specs.get(c.get("name"))
+        if spec is not None and spec.check_config is not None: spec.check_config(c, config)
+    return specs
 
 
 def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_prompt, prompt_source,
@@ -288,6 +293,7 @@ def train(
     own_prompts = prompts is not None or prompt_loader is not None
     task = _run_task(config, hooks, own_prompts)
     algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
+    specs = _run_specs(algo, config)  # every algorithm of the run (a schedule: several), its settings checked
     if teacher is not None and config.teacher is not None:
         raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
     dp = data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; else OneProcess()
@@ -302,7 +308,6 @@ def train(
         set_seed(config.seed)
         state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
         teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
-        specs = _run_specs(algo, config.num_iterations)  # every algorithm of the run (a schedule: several)
         needed_by = next((n for n, s in specs.items() if s.needs_teacher), None)  # opd: a teacher is required
         state = attach_teacher(state, tokenizer, teacher, needed_by, config.dtype, fn)  # chapter *KL*
         with _torch_threads(default_num_threads(state.model, config.num_threads)):

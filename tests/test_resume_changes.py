@@ -1,0 +1,31 @@
+"""Resuming with changed settings: a new learning rate or weight decay applies from the checkpoint on, and says so; a
+total below the checkpoint's iteration is refused before anything loads."""
+import pytest
+import torch
+
+from rlnb.core import TrainingConfig
+from rlnb.loggers import load_metrics
+from rlnb.training import train
+
+torch.set_num_threads(1)
+RUN = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=6, eval_every=0, seed=0,
+           learning_rate=1e-2, lr_schedule="constant")
+
+
+def test_a_new_learning_rate_and_weight_decay_apply_from_the_checkpoint_on(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    train(TrainingConfig(output_dir=out, **RUN), progress=False)
+    resumed = TrainingConfig(output_dir=out, resume=True, **{**RUN, "num_iterations": 4, "learning_rate": 1e-5},
+                             weight_decay=0.1)
+    state = train(resumed, progress=False)
+    assert "learning_rate 0.01 -> 1e-05 from here on; weight_decay 0 -> 0.1 from here on" in capsys.readouterr().out
+    rates = load_metrics(tmp_path / "run" / "metrics.jsonl").set_index("iteration")["lr"].to_dict()
+    assert rates == {1: 1e-2, 2: 1e-2, 3: 1e-5, 4: 1e-5}
+    assert [g["weight_decay"] for g in state.optimizer.param_groups] == [0.1]
+
+
+def test_a_total_below_the_checkpoint_is_refused(tmp_path):
+    out = str(tmp_path / "run")
+    train(TrainingConfig(output_dir=out, **{**RUN, "num_iterations": 3}), progress=False)
+    with pytest.raises(ValueError, match="num_iterations=2, but .* is at iteration 3; num_iterations is the run's"):
+        train(TrainingConfig(output_dir=out, resume=True, **RUN), progress=False)
