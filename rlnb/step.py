@@ -380,18 +380,22 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
     # the sampler's log-probs not yet compared with the trainer's (no rescoring pass): compared with this update's
     trainer = torch.zeros_like(cb.rollout_logprobs) if first and cb.old_logprobs is None and \
         cb.rollout_logprobs is not None else None  # (B, C)
-    for idx, weight in chunks:
-        loss, metrics, logprobs = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn, cfg,
-                                                    first, state.iteration, fn, extensions)
-        (loss * weight * scale).backward()  # scale: a sharded rank's share of the batch (FSDP sums the ranks)
-        loss_value += weight * loss.item()
-        for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
-        if trainer is not None: trainer[idx] = logprobs.to(trainer.dtype)
+    try:
+        for idx, weight in chunks:
+            loss, metrics, logprobs = _micro_batch_loss(state.model, _select(cb, idx), head, loss_fn, algo, kl_fn,
+                                                        cfg, first, state.iteration, fn, extensions)
+            (loss * weight * scale).backward()  # scale: a sharded rank's share of the batch (FSDP sums the ranks)
+            loss_value += weight * loss.item()
+            for k, v in metrics.items(): totals[k] = totals.get(k, 0.0) + weight * float(v)
+            if trainer is not None: trainer[idx] = logprobs.to(trainer.dtype)
+        grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)
+    except BaseException:  # stopped (a notebook's Stop button) or failed: no half-accumulated gradient is left behind
+        state.optimizer.zero_grad(set_to_none=True)
+        raise
     if trainer is not None:  # the weights before the update, as a rescoring pass would have them
         totals.update(rollout_correction(trainer, cb.rollout_logprobs, cb.loss_mask, cfg.rollout_correction,
                                          cfg.rollout_correction_cap, cfg.rollout_correction_low,
                                          cfg.rollout_correction_high)[2])
-    grad_norm = _checked_norm(step_fn(state, cfg.max_grad_norm), fn)
     metrics = {**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)}
     return state._replace(global_step=state.global_step + 1), metrics
 

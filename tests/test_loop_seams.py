@@ -128,3 +128,23 @@ def test_an_extensions_prepare_runs_without_gradient():
     try: train(TrainingConfig(**{**SMALL, "num_iterations": 1}), progress=False)
     finally: del STEP_EXTENSIONS["probe"]
     assert seen == [False]
+
+
+def test_a_stopped_step_leaves_no_gradient_behind():
+    "A notebook's Stop between backward and the optimizer step: the next step starts from no gradient."
+    from rlnb.step import create_training_state, training_step
+    from rlnb.rollouts import create_batch_rollouts
+    from rlnb.tasks import get_task
+    from rlnb.tiny import load_tiny_model
+    from rlnb.core import GenerationConfig, set_seed
+    from rlnb.algorithms import create_algorithm_config
+    set_seed(0)
+    model, tok = load_tiny_model(progress=False)
+    task = get_task("addition")
+    batch = create_batch_rollouts(model, tok, task.sample(2, seed=0), GenerationConfig(max_new_tokens=6,
+                                  num_return_sequences=4), reward_fn=task.reward_fn)
+    state = create_training_state(model, TrainingConfig(lora_r=0), reference=False)
+    def stopped(state, max_grad_norm): raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        training_step(state, batch, create_algorithm_config("grpo"), tokenizer=tok, optimizer_step_fn=stopped)
+    assert all(p.grad is None for p in model.parameters())
