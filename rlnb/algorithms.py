@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/algorithms.html.md"""
 
 # %% ../nbs/30_algorithms.ipynb #19929ad2
 from __future__ import annotations
-import importlib, inspect, math
+import importlib, inspect, math, numbers
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -431,6 +431,18 @@ def _spec(fn: str, name) -> AlgorithmSpec:
     return spec
 
 
+def _check_knob_kind(algorithm: str, knob: str, value, default) -> None:
+    "A knob given a value of another kind than its default (a bool, a number, a str; None's knobs take anything)."
+    if isinstance(default, bool): ok, kind = isinstance(value, bool), "True or False"
+    elif isinstance(default, numbers.Real):
+        ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str): ok, kind = isinstance(value, str), "a str"
+    else: return
+    if not ok:
+        raise TypeError(f"create_algorithm_config: `{knob}` of {algorithm!r} must be {kind} (its default is "
+                        f"{default!r}), got {value!r} ({type(value).__name__})")
+
+
 def create_algorithm_config(
     name: str,  # a key of ALGORITHMS
     overrides: Mapping[str, Any] | None = None,  # knobs to change from the defaults
@@ -448,6 +460,8 @@ def create_algorithm_config(
                          f"its options are {sorted(spec.default_config)}")
     if changes.get("name", name) != name:
         raise ValueError(f"create_algorithm_config: `name`={name!r} but overrides say {changes['name']!r}")
+    for knob, value in changes.items():  # a value of its default's kind: 'False' for a bool would read as True
+        _check_knob_kind(name, knob, value, spec.default_config.get(knob))
     if "kl_fn" in changes: changes["kl_fn"] = _kl_function("create_algorithm_config", changes["kl_fn"])  # a name, too
     return {**dict(spec.default_config), **changes, "name": name}
 

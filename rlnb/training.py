@@ -233,7 +233,7 @@ def _wired_outputs(config: TrainingConfig, loggers: list, checkpoint_fn, metrics
     "(loggers, checkpoint_fn) with the run's own added: JSONL metrics, progress lines, checkpoints (a buffer's place)."
     loggers = list(loggers)
     if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
-    if progress: loggers.append(create_progress_logger(config.num_iterations))
+    if progress and config.num_iterations: loggers.append(create_progress_logger(config.num_iterations))
     if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
     if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
         def checkpoint_fn(s, save=checkpoint_fn):

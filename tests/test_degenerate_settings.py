@@ -34,3 +34,13 @@ def test_a_schedule_is_checked_at_every_iteration(monkeypatch):
 def _passk(**changes):
     from rlnb.algorithms import create_algorithm_config
     return {k: v for k, v in create_algorithm_config("grpo_passk", **changes).items() if k != "name"}
+
+
+@pytest.mark.parametrize("algorithm, options, message", [
+    ("ppo", {"whiten": "False"}, "`whiten` of 'ppo' must be True or False"),  # a truthy string: whitening stayed on
+    ("grpo", {"clip_eps": "0.2"}, "`clip_eps` of 'grpo' must be a number"),
+    ("grpo", {"aggregation": 1}, "`aggregation` of 'grpo' must be a str"),
+])
+def test_a_knob_of_another_kind_than_its_default_is_refused(algorithm, options, message):
+    with pytest.raises(TypeError, match=message):
+        train(TrainingConfig(algorithm=algorithm, algorithm_options=options, **RUN), progress=False)

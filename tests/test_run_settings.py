@@ -1,5 +1,6 @@
-"""Resuming with changed settings: a new learning rate or weight decay applies from the checkpoint on, and says so; a
-total below the checkpoint's iteration is refused before anything loads."""
+"""Settings at the edges of a run: resuming with a new learning rate or weight decay applies them from the checkpoint
+on, and says so; a total below the checkpoint's iteration is refused before anything loads; a run of no iterations
+returns its first state, and the training notebook completes it."""
 import pytest
 import torch
 
@@ -29,3 +30,18 @@ def test_a_total_below_the_checkpoint_is_refused(tmp_path):
     train(TrainingConfig(output_dir=out, **{**RUN, "num_iterations": 3}), progress=False)
     with pytest.raises(ValueError, match="num_iterations=2, but .* is at iteration 3; num_iterations is the run's"):
         train(TrainingConfig(output_dir=out, resume=True, **RUN), progress=False)
+
+
+def test_a_run_of_no_iterations_returns_its_first_state():
+    state = train(TrainingConfig(**{**RUN, "num_iterations": 0}), progress=True)
+    assert (state.iteration, state.global_step, len(state.stats_history)) == (0, 0, 0)
+
+
+@pytest.mark.slow
+def test_the_training_notebook_completes_a_run_of_no_iterations(tmp_path):
+    "`-p num_iterations 0` (or a run whose every group is filtered out) has no reward rows: its summary says so."
+    from rlnb.experiments import run_experiment
+    from test_experiments import TRAINING_NB
+    result = run_experiment(TRAINING_NB, {"num_iterations": 0}, tmp_path / "run", env={"OMP_NUM_THREADS": "1"})
+    assert result.status == "completed", result.error
+    assert (result.summary["steps"], result.summary["reward_start"]) == (0, None)
