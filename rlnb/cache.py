@@ -15,7 +15,7 @@ except ImportError: fcntl = None  # Windows: folder_lock only records its holder
 
 # %% auto #0
 __all__ = ['SHIPPED_DIR', 'LOCK_FILE', 'default_cache_dir', 'build_atomically', 'shipped_or_cached', 'write_atomically',
-           'quiet_progress_bars', 'load_from_folder', 'FolderInUseError', 'lock_holder', 'folder_lock',
+           'loads_json', 'quiet_progress_bars', 'load_from_folder', 'FolderInUseError', 'lock_holder', 'folder_lock',
            'die_with_parent']
 
 # %% ../nbs/11_cache.ipynb #8bc44f7e
@@ -72,6 +72,14 @@ def write_atomically(
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+# %% ../nbs/11_cache.ipynb #944a198f
+def loads_json(
+    text: str | bytes,  # the contents of a JSON file (or one line of a JSON-lines file)
+):  # the value
+    "json.loads whose every failure is a ValueError: not JSON, not UTF-8, nested too deeply, an integer too long."
+    try: return json.loads(text)
+    except RecursionError: raise ValueError("JSON nested too deeply to read") from None
 
 # %% ../nbs/11_cache.ipynb #281b2e9e
 @contextlib.contextmanager
@@ -146,7 +154,7 @@ class FolderInUseError(RuntimeError):
 
 # %% ../nbs/11_cache.ipynb #efe72804
 def _read_holder(path: Path) -> dict:
-    try: holder = json.loads(path.read_text() or "{}")
+    try: holder = loads_json(path.read_text() or "{}")
     except (OSError, ValueError): return {}
     return holder if isinstance(holder, dict) else {}
 

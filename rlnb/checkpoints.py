@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from .cache import loads_json
 from .core import TrainingState, TrainingStats, from_jsonable, is_peft_model, model_device, to_jsonable
 
 # %% auto #0
@@ -103,7 +104,7 @@ def _complete(folder: Path) -> bool: return (folder / "state.json").is_file()
 
 def _position(folder: Path) -> tuple[int, int]:
     "(iteration, global_step) from a folder's state.json; (-1, -1) when it cannot be read (ranked below any other)."
-    try: meta = json.loads((folder / "state.json").read_text())
+    try: meta = loads_json((folder / "state.json").read_text())
     except (OSError, ValueError): return (-1, -1)  # ValueError: not JSON, or not UTF-8
     at = (meta.get("iteration"), meta.get("global_step")) if isinstance(meta, dict) else (None, None)
     return at if all(isinstance(v, int) and not isinstance(v, bool) for v in at) else (-1, -1)
@@ -278,8 +279,8 @@ def _check_history(file: Path, saved) -> None:
 # %% ../nbs/41_checkpoints.ipynb #bafa2859
 def _read_meta(file: Path) -> dict:
     "state.json as a dict with every key load_checkpoint needs, each of its kind, or a ValueError naming the file."
-    try: meta = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    try: meta = loads_json(file.read_text())
+    except ValueError as e:  # not JSON, not UTF-8, too deep, an integer too long
         raise ValueError(f"load_checkpoint: {file} is not valid JSON ({e}); the checkpoint is corrupt") from None
     if not isinstance(meta, dict):
         raise ValueError(f"load_checkpoint: {file} holds a {type(meta).__name__}, expected a JSON object")

@@ -12,7 +12,8 @@ from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-from .cache import LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, lock_holder, write_atomically
+from .cache import (LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, loads_json, lock_holder,
+                        write_atomically)
 from .core import CONFIG_MAXIMA, create_training_config
 from .loggers import METRIC_LABELS, load_metrics
 
@@ -48,7 +49,7 @@ def _write_json_atomic(path: Path, obj) -> None:
 
 def _read_json(path: Path) -> dict | None:
     "A JSON object from `path`, or None if the file is missing or holds no object."
-    try: value = json.loads(Path(path).read_text())
+    try: value = loads_json(Path(path).read_text())
     except (OSError, ValueError): return None
     return value if isinstance(value, dict) else None
 

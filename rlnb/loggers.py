@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 from torch import Tensor
 
-from .cache import write_atomically
+from .cache import loads_json, write_atomically
 from .core import TrainingState, TrainingStats, group_stats
 
 # %% auto #0
@@ -110,8 +110,8 @@ def load_metrics(
     with open(path, encoding="utf-8", errors="replace") as f:  # a torn write may cut a character in two
         for n, line in enumerate(f, 1):
             if not line.strip(): continue
-            try: row = json.loads(line)
-            except json.JSONDecodeError: row = None
+            try: row = loads_json(line)
+            except ValueError: row = None
             if isinstance(row, dict): rows.append(row)
             else: skipped.append(n)
     if skipped and not rows:
@@ -130,7 +130,7 @@ _UNREADABLE = object()  # a line that is not JSON
 
 def _parse_line(line: bytes):
     "A metrics line's JSON value, or _UNREADABLE (a torn write, text, bytes that are not UTF-8)."
-    try: return json.loads(line)
+    try: return loads_json(line)
     except ValueError: return _UNREADABLE  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
 
 

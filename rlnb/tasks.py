@@ -12,6 +12,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from .cache import loads_json
+
 # %% auto #0
 __all__ = ['TASKS', 'TaskExample', 'Task', 'parse_number', 'extract_number', 'check_number', 'check_exact', 'safe_eval',
            'expression_numbers', 'create_reward_fn', 'create_task', 'addition_task', 'arithmetic_task',
@@ -315,8 +317,8 @@ def extract_gsm8k_answer(
 
 # %% ../nbs/12_tasks.ipynb #bf748156
 def _parse_record(line: str, where: str, prompt_key: str, answer_key: str, answer_extractor) -> TaskExample:
-    try: record = json.loads(line)
-    except json.JSONDecodeError as e: raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    try: record = loads_json(line)
+    except ValueError as e: raise ValueError(f"{where}: not valid JSON ({getattr(e, 'msg', e)})") from None
     if not isinstance(record, dict): raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for key in (prompt_key, answer_key):
         if key not in record: raise ValueError(f"{where}: missing key {key!r} (keys present: {sorted(record)})")
