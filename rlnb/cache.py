@@ -23,7 +23,13 @@ def default_cache_dir(
     cache_dir: str | os.PathLike | None = None,  # a folder chosen by the caller; None: the environment's or the default
 ) -> Path:
     "Where rlnb caches what it builds: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
-    return Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
+    source = "`cache_dir`" if cache_dir else "$RLNB_CACHE" if os.environ.get("RLNB_CACHE") else "the default cache"
+    path = Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"default_cache_dir: {source} is {str(path)!r}, but {str(blocker)!r} is a file, not a "
+                         "folder; point it at a folder rlnb may create")
+    return path
 
 # %% ../nbs/11_cache.ipynb #9c8d9517
 def build_atomically(

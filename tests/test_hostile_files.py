@@ -1,5 +1,6 @@
-"""rlnb's JSON files as a careless or hostile hand may leave them: nested too deeply for Python's parser, or holding an
-integer too long to read. Every reader names the file (or skips the line, saying so) instead of a raw RecursionError."""
+"""rlnb's files as a careless or hostile hand may leave them: JSON nested too deeply for Python's parser or holding an
+integer too long to read (every reader names the file, or skips the line and says so, instead of a raw
+RecursionError), and a cache folder whose path runs through a file."""
 import json
 import warnings
 
@@ -39,3 +40,11 @@ def test_a_dataset_line_too_deep_or_too_long_names_the_line(tmp_path, bad):
     path.write_text('{"question": "1+1=", "answer": "2"}\n' + bad + "\n")
     with pytest.raises(ValueError, match="data.jsonl, line 2: not valid JSON"):
         load_jsonl_dataset(path)
+
+
+def test_a_cache_under_a_file_names_the_variable(tmp_path, monkeypatch):
+    from rlnb.tiny import load_tiny_model
+    (tmp_path / "a_file").write_text("not a folder")
+    monkeypatch.setenv("RLNB_CACHE", str(tmp_path / "a_file" / "cache"))
+    with pytest.raises(ValueError, match=r"\$RLNB_CACHE is .* is a file, not a folder"):
+        load_tiny_model(progress=False, steps=3)
