@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/models.html.md"""
 
 # %% ../nbs/13_models.ipynb #a17859c9
 from __future__ import annotations
-import json, math, os, re, warnings
+import contextlib, json, math, os, re, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -17,8 +17,8 @@ from .cache import load_from_folder
 from .core import CONTROL_CHARACTERS, ModelConfig, is_peft_model
 
 # %% auto #0
-__all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'registered_loader', 'load_model',
-           'prepare_tokenizer', 'auto_tokenizer', 'load_tokenizer']
+__all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'hub_failures_named', 'registered_loader',
+           'load_model', 'prepare_tokenizer', 'auto_tokenizer', 'load_tokenizer']
 
 # %% ../nbs/13_models.ipynb #42d44c13
 def find_linear_modules(
@@ -82,10 +82,14 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
 def _resolve_device(device, fn: str = "load_model") -> torch.device:
     "'auto' -> cuda when available, else cpu; anything else is parsed by torch."
     if device is None or device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try: return torch.device(device)
+    try: resolved = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"{fn}: `device` must be 'auto' or a torch device like 'cpu' or 'cuda:0', "
                          f"got {device!r}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        why = "a CPU build of torch" if torch.version.cuda is None else "no GPU is visible"
+        raise ValueError(f"{fn}: `device`={device!r}, but this process has no CUDA GPU ({why}); use 'auto' or 'cpu'")
+    return resolved
 
 
 def _resolve_dtype(dtype, device: torch.device, fn: str = "load_model") -> torch.dtype:
@@ -126,8 +130,24 @@ def _load_hf_model(config: ModelConfig, device: torch.device, dtype: torch.dtype
         kwargs.update(quantization_config=BitsAndBytesConfig(load_in_8bit=True), device_map={"": device})
     kwargs.update(config.custom_config or {})
     path = config.model_name_or_path
-    model = load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs), path)
+    with hub_failures_named(path, MODEL_LOADERS, "load_model"):
+        model = load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(path, **kwargs), path)
     return model if config.load_in_8bit else model.to(device)
+
+
+@contextlib.contextmanager
+def hub_failures_named(
+    name: str,  # the model name given: a hub id, since no folder of that name exists
+    registry: dict,  # MODEL_LOADERS or TOKENIZER_LOADERS: the names that need no download
+    fn: str,  # the caller's name, for the message
+):
+    "A download that fails (no network, no such id) becomes an error naming what a model name may be, offline."
+    try: yield
+    except OSError as e:
+        if os.path.exists(os.path.expanduser(name)): raise  # a local folder's own problem: its message says it
+        known = ", ".join(sorted(k for k in registry if not k.startswith(".")))
+        raise ValueError(f"{fn}: {name!r} is not a registered model name ({known}), a local folder or a .gguf file, "
+                         f"and it could not be fetched from the Hugging Face hub ({str(e).splitlines()[0]})") from None
 
 # %% ../nbs/13_models.ipynb #6d17a186
 MODEL_LOADERS: dict[str, Callable[[ModelConfig], nn.Module]] = {}  # name or ".suffix" -> loader(config) -> model
@@ -234,6 +254,8 @@ def load_tokenizer(
     elif config.model_name_or_path == "tiny":
         raise ValueError("load_tokenizer: 'tiny' is not registered in TOKENIZER_LOADERS; "
                          "`import rlnb.tiny` registers it")
-    else: tokenizer = auto_tokenizer(_checked_name(config.model_name_or_path, "load_tokenizer"),
-                                      config.trust_remote_code)
+    else:
+        name = _checked_name(config.model_name_or_path, "load_tokenizer")
+        with hub_failures_named(name, TOKENIZER_LOADERS, "load_tokenizer"):
+            tokenizer = auto_tokenizer(name, config.trust_remote_code)
     return prepare_tokenizer(tokenizer, padding_side, fn="load_tokenizer")

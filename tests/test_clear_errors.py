@@ -1,0 +1,21 @@
+"""Errors that used to come raw from a library rlnb calls, now named where the input enters: a CUDA device on a
+machine without one, a model name that is neither registered, a folder nor reachable on the hub."""
+import pytest
+import torch
+
+from rlnb.core import ModelConfig
+from rlnb.models import load_model, load_tokenizer
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_a_cuda_device_without_cuda_is_named():
+    with pytest.raises(ValueError, match="`device`='cuda', but this process has no CUDA GPU"):
+        load_model(ModelConfig("tiny", device="cuda"))
+
+
+@pytest.mark.parametrize("load", [load_model, load_tokenizer])
+def test_a_model_name_neither_registered_nor_found_says_what_a_name_may_be(load, monkeypatch):
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # offline as in CI, without the wait
+    with pytest.raises(ValueError, match=r"'SMOLLM2' is not a registered model name \(.*smollm2.*tiny.*\), a local"):
+        load("SMOLLM2")  # the registered name is lower-case; the hub has no such id (and is offline in CI)
