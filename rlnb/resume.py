@@ -70,10 +70,11 @@ def applied_optimizer_settings(
     changed = {k: (saved[k], getattr(config, k)) for k in ("learning_rate", "weight_decay")
                if k in saved and saved[k] != getattr(config, k)}
     sched = state.scheduler
-    for k, group in enumerate(state.optimizer.param_groups):
-        if "weight_decay" in changed: group["weight_decay"] = config.weight_decay
+    for k, group in enumerate(state.optimizer.param_groups):  # a group of its own settings (optimizer_fn's) keeps them
+        if "weight_decay" in changed and group.get("weight_decay") == saved["weight_decay"]:
+            group["weight_decay"] = config.weight_decay
         if "learning_rate" not in changed or group.get("initial_lr", saved["learning_rate"]) != saved["learning_rate"]:
-            continue  # a group of its own rate (a custom optimizer_fn's) keeps it
+            continue
         group["initial_lr"] = config.learning_rate
         if sched is not None and hasattr(sched, "lr_lambdas"):  # LambdaLR: the new peak, at the saved position
             sched.base_lrs[k] = config.learning_rate

@@ -45,3 +45,18 @@ def test_the_training_notebook_completes_a_run_of_no_iterations(tmp_path):
     result = run_experiment(TRAINING_NB, {"num_iterations": 0}, tmp_path / "run", env={"OMP_NUM_THREADS": "1"})
     assert result.status == "completed", result.error
     assert (result.summary["steps"], result.summary["reward_start"]) == (0, None)
+
+
+def test_a_group_of_its_own_settings_keeps_them():
+    "A custom optimizer's group with its own weight decay and rate (e.g. no decay on biases) is not overwritten."
+    from rlnb.core import TrainingState
+    from rlnb.resume import applied_optimizer_settings
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW([{"params": a.parameters()}, {"params": b.parameters(), "weight_decay": 0.0, "lr": 5.0}],
+                            lr=1e-2, weight_decay=0.01)
+    for g in opt.param_groups: g["initial_lr"] = g["lr"]
+    saved = {"learning_rate": 1e-2, "weight_decay": 0.01}
+    changed = applied_optimizer_settings(TrainingState(0, 0, a, opt, None), saved,
+                                         TrainingConfig(learning_rate=1e-3, weight_decay=0.1))
+    assert set(changed) == {"learning_rate", "weight_decay"}
+    assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(1e-3, 0.1), (5.0, 0.0)]
