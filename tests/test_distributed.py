@@ -202,9 +202,10 @@ def _every_algorithm(rank, world, out):
     from rlnb.training import train
     done = {}
     for name in sorted(ALGORITHMS):
+        options = {"k": 2} if name == "grpo_passk" else None  # k below the group of 4: pass@4 would train nothing
         state = train(TrainingConfig(algorithm=name, num_iterations=2, prompts_per_step=4, group_size=4, eval_every=0,
-                                     max_new_tokens=6, output_dir=None, teacher="tiny" if name == "opd" else None),
-                      progress=False)
+                                     max_new_tokens=6, output_dir=None, teacher="tiny" if name == "opd" else None,
+                                     algorithm_options=options), progress=False)
         w = torch.cat([p.detach().reshape(-1) for p in state.model.parameters() if p.requires_grad])
         done[name] = (state.iteration, w)
     torch.save(done, f"{out}.{rank}")
