@@ -60,6 +60,7 @@ from .checkpoints import *
 from .step import *  # the optimizer and one training step, the seam of several processes (OneProcess)
 from .train_checks import *
 from .resume import *
+from .interrupts import *  # SoftInterrupt: a first Ctrl-C stops a run at its next safe point
 from .training import *
 from .sft import *
 from .quickstart import *

@@ -72,7 +72,9 @@ def write_atomically(
     "Write `data` under a temporary name beside `path`, flush it, then rename it over `path`: never half a file."
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with contextlib.suppress(FileNotFoundError): os.unlink(tmp)  # a killed write's leftover, or a link: never followed
+    nofollow = getattr(os, "O_NOFOLLOW", 0)  # not on Windows, which has no links to fear here
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o644), "wb") as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
         f.flush()
         os.fsync(f.fileno())

@@ -6,17 +6,18 @@ Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 
 # %% ../nbs/61_cli.ipynb #77cd9bc3
 from __future__ import annotations
-import argparse, ast, json, logging, os, sys, textwrap, time
+import argparse, ast, json, logging, sys, textwrap, time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
 
-from .cache import FolderInUseError
+from .cache import FolderInUseError, write_atomically
 from .experiments import progress_line, run_experiment, run_sweep
 from .core import TrainingConfig, create_training_config
 
 # %% auto #0
-__all__ = ['parse_value', 'parse_params', 'yaml_params', 'fields_help', 'training_summary', 'train_command', 'main']
+__all__ = ['MAX_YAML_VALUES', 'MAX_YAML_BYTES', 'INTERRUPTED_EXIT', 'parse_value', 'parse_params', 'yaml_params', 'fields_help',
+           'training_summary', 'train_command', 'main']
 
 # %% ../nbs/61_cli.ipynb #600b0b93
 def parse_value(
@@ -44,6 +45,48 @@ def parse_params(
         params[name] = parsed if len(parsed) > 1 else parsed[0]
     return params
 
+# %% ../nbs/61_cli.ipynb #5836e3f3
+MAX_YAML_VALUES = 100_000  # values in a YAML parameters document once its aliases are expanded
+MAX_YAML_BYTES = 1_000_000  # size of a -f parameters file
+
+
+def _expanded_size(node, sizes: dict) -> int:
+    "How many values a YAML node stands for with its aliases expanded; each node is counted once (cached in `sizes`)."
+    if id(node) not in sizes:
+        sizes[id(node)] = 1  # a node inside itself counts once
+        children = () if isinstance(node.value, str) else (
+            n for item in node.value for n in (item if isinstance(item, tuple) else (item,)))  # mapping: (key, value)
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
+
+
+def _load_yaml(text: str, source: str):
+    "yaml.safe_load, but a key given twice or a document of more than MAX_YAML_VALUES expanded values is refused."
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node) if key_node.tag != "tag:yaml.org,2002:merge" else None
+                if key is not None and isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise ValueError(f"{source}: the key {key!r} is given twice (line {key_node.start_mark.line + 1}); "
+                                     "give each parameter once")
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None: return None
+        try: size = _expanded_size(node, {})
+        except RecursionError: raise ValueError(f"{source}: nested too deeply") from None
+        if size > MAX_YAML_VALUES:
+            raise ValueError(f"{source}: its aliases (*name) expand to {size:,} values, more than MAX_YAML_VALUES "
+                             f"({MAX_YAML_VALUES:,}); write the values out or use fewer aliases")
+        return loader.construct_document(node)
+    finally: loader.dispose()
+
 # %% ../nbs/61_cli.ipynb #90523849
 def yaml_params(
     text: str,  # YAML: a mapping from parameter names to values
@@ -51,7 +94,7 @@ def yaml_params(
 ) -> dict:
     "Parameters given as YAML text (papermill's -y / -f): {name: value}, checked to be a mapping of identifiers."
     import yaml
-    try: params = yaml.safe_load(text)
+    try: params = _load_yaml(text, source)
     except yaml.YAMLError as e: raise ValueError(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from None
     if params is None: return {}
     if not isinstance(params, Mapping):
@@ -113,6 +156,9 @@ def _given_params(args: argparse.Namespace, several: bool) -> dict:
     if args.parameters_file:
         path = Path(args.parameters_file)
         if not path.is_file(): raise FileNotFoundError(f"-f {path}: no such file")
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ValueError(f"-f {path}: {path.stat().st_size:,} bytes; a parameters file holds at most "
+                             f"{MAX_YAML_BYTES:,} (MAX_YAML_BYTES)")
         params.update(yaml_params(path.read_text(encoding="utf-8", errors="replace"), f"-f {path}"))
     if args.parameters_yaml: params.update(yaml_params(args.parameters_yaml, "-y"))
     return {**params, **parse_params(args.param, several=several)}
@@ -152,13 +198,16 @@ def train_command(
     _, metrics = quick_start_training(config)
     summary = training_summary(config, metrics, time.time() - t0, distributed.world_size())
     if config.output_dir is not None and distributed.process_rank() == 0:
-        out = Path(config.output_dir) / "summary.json"
-        tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-        os.replace(tmp, out)  # atomic: a reader never sees half a file
+        # atomic (a reader never sees half a file), and never through a link
+        write_atomically(Path(config.output_dir) / "summary.json", json.dumps(summary, indent=2, default=str))
     return summary
 
 # %% ../nbs/61_cli.ipynb #58ab3f6b
+INTERRUPTED_EXIT = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it
+_RESUME_HINT = ("the run stopped at its last checkpoint in {folder}; the same command with -p resume True continues "
+                "it (without it, the attempt is set aside in attempts/ and the run starts again)")
+
+
 def _say(line: str) -> None:
     "Print a progress line now, not when the buffer fills."
     print(line, flush=True)
@@ -187,13 +236,17 @@ def main(
             if args.log_output: logging.basicConfig(level=logging.INFO, format="%(message)s")
             result = run_experiment(args.notebook, params, args.output, log_output=args.log_output)
             _say(progress_line(1, 1, result))
-            return 0 if result.status == "completed" else 1
+            if result.status == "interrupted": _say(_RESUME_HINT.format(folder=result.output_dir))
+            return {"completed": 0, "interrupted": INTERRUPTED_EXIT}.get(result.status, 1)
         results = run_sweep(args.notebook, params, seeds=args.seeds, output_root=args.output, workers=args.workers,
                             threads_per_run=args.threads, log_fn=_say)
     except (ValueError, TypeError, FileNotFoundError, FolderInUseError) as e:
         print(f"rlnb {args.command}: error: {e}", file=sys.stderr)
         return 2
-    failed = [r.run_id for r in results if r.status == "failed"]
+    except KeyboardInterrupt as e:  # stopped at once (a second Ctrl-C), or `rlnb train` stopped after an iteration
+        print(f"rlnb {args.command}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+    failed = [r.run_id for r in results if r.status in ("failed", "interrupted")]
     busy = [r.run_id for r in results if r.status == "running"]  # another process is writing them: left alone
     done = len(results) - len(failed) - len(busy)
     _say(f"{done} of {len(results)} runs completed in {results[0].output_dir.parent}"

@@ -6,8 +6,8 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/60_experiments.ipynb #b4224387
 from __future__ import annotations
-import ast, contextlib, functools, hashlib, itertools, json, logging, math, multiprocessing, numbers, os, re, reprlib
-import shutil, socket, sys, tempfile, threading, time, uuid, warnings
+import ast, contextlib, difflib, functools, hashlib, itertools, json, logging, math, multiprocessing, numbers, os, re
+import reprlib, shutil, signal, socket, sys, tempfile, threading, time, uuid, warnings, weakref
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -16,17 +16,18 @@ from .cache import (LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, l
                         write_atomically)
 from .core import CONFIG_MAXIMA, create_training_config
 from .loggers import METRIC_LABELS, load_metrics
+from .interrupts import SoftInterrupt
 
 # %% auto #0
-__all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'MAX_KEPT_ATTEMPTS', 'MAX_SWEEP_RUNS', 'RunResult', 'check_run_params',
-           'run_name', 'expand_grid', 'run_experiment', 'ProcessPerRun', 'progress_line', 'run_sweep', 'Sweep',
-           'load_sweep', 'plot_sweep']
+__all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'RUN_STATUSES', 'MAX_KEPT_ATTEMPTS', 'MAX_SWEEP_RUNS', 'RunResult',
+           'check_run_params', 'run_name', 'expand_grid', 'run_experiment', 'ProcessPerRun', 'progress_line',
+           'run_sweep', 'Sweep', 'load_sweep', 'plot_sweep']
 
 # %% ../nbs/60_experiments.ipynb #1ba1bef7
 class RunResult(NamedTuple):
     "What one run left behind: how it went, where its files are, its summary and its time."
     run_id: str  # the run's folder name (from its parameters and seed: the same every time)
-    status: str  # "completed" or "failed"
+    status: str  # "completed", "failed" or "interrupted" (stopped by Ctrl-C: resumable)
     params: dict  # the parameters injected into the notebook (output_dir aside)
     output_dir: Path  # the run's folder: run.ipynb, status.json and what the notebook wrote
     notebook: Path  # the executed notebook; for a failed run it ends at the failing cell, traceback included
@@ -36,9 +37,10 @@ class RunResult(NamedTuple):
     skipped: bool = False  # True: completed by an earlier call, not run again
 
 # %% ../nbs/60_experiments.ipynb #17b95d96
-STATUS_FILE = "status.json"  # in each run folder: "running", "completed" or "failed", with the run's parameters
+STATUS_FILE = "status.json"  # in each run folder: "running", "completed", "failed" or "interrupted", with its params
 RUN_LOCK_FILE = ".run.lock"  # held by the process that runs the notebook (the kernel's `train` holds LOCK_FILE)
 ATTEMPTS_DIR = "attempts"  # a failed or interrupted attempt's files, kept in attempts/<n>/ when the run is retried
+RUN_STATUSES = ("running", "completed", "failed", "interrupted")  # what a status file may say
 MAX_KEPT_ATTEMPTS = 3  # the newest failed attempts kept per run (older ones are deleted: disk is finite)
 
 
@@ -65,8 +67,8 @@ def _read_status(folder: Path) -> dict | None:
     if not path.exists(): return None
     status = _read_json(path)
     if status is None: problem = "does not hold a JSON object"
-    elif status.get("status") not in ("running", "completed", "failed"):
-        problem = f"has status {reprlib.repr(status.get('status'))}, expected 'running', 'completed' or 'failed'"
+    elif status.get("status") not in RUN_STATUSES:
+        problem = f"has status {reprlib.repr(status.get('status'))}, expected one of {RUN_STATUSES}"
     elif not isinstance(status.get("params", {}), dict): problem = "has `params` that are not a JSON object"
     elif not isinstance(status.get("attempt", 0), int) or isinstance(status.get("attempt"), bool):
         problem = f"has attempt {reprlib.repr(status.get('attempt'))}, expected an int"
@@ -138,6 +140,24 @@ def _seed_list(fn: str, seeds, grid_has_seed: bool, default_seed: int | None) ->
     return list(seeds)
 
 # %% ../nbs/60_experiments.ipynb #427d2c66
+def _frozen(value):
+    "A JSON value as a hashable one that compares as the value does: [1, 2] and [1.0, 2.0] alike."
+    if isinstance(value, (list, tuple)): return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict): return frozenset((k, _frozen(v)) for k, v in value.items())
+    return value
+
+
+def _check_distinct_values(fn: str, plan: Mapping[str, dict]) -> None:
+    "Two runs whose parameters are equal as values (2 and 2.0, 1 and True) would train the same thing twice: refused."
+    seen = {}
+    for run_id, params in plan.items():
+        key = _frozen(params)  # 2 == 2.0 and they hash alike: the same key
+        if key in seen:
+            raise ValueError(f"{fn}: the runs {seen[key]!r} and {run_id!r} have equal parameters (values compare "
+                             "equal once read: 2 and 2.0, 1 and True); give each value once")
+        seen[key] = run_id
+
+
 def expand_grid(
     grid: Mapping | Sequence[Mapping],  # {name: [values]} (lists swept, other values fixed) or [{name: value}, ...]
     seeds: int | Sequence[int] | None = None,  # per setting: a count n (seeds 0..n-1) or a list; None: see default_seed
@@ -164,6 +184,7 @@ def expand_grid(
             run_id = run_name(run)
             if run_id in plan: raise ValueError(f"{fn}: two runs are both {run_id!r}; runs must differ")
             plan[run_id] = run
+    _check_distinct_values(fn, plan)
     return plan
 
 # %% ../nbs/60_experiments.ipynb #d1568dbe
@@ -200,9 +221,20 @@ def _default_root(notebook: Path) -> Path:
     return Path("runs", Path(notebook).stem)
 
 # %% ../nbs/60_experiments.ipynb #4d291d6a
+def _has_parameters_cell(notebook: Path) -> bool:
+    "Whether a notebook has a cell tagged `parameters` (an unreadable one: True, and papermill says what is wrong)."
+    try: cells = loads_json(notebook.read_bytes()).get("cells", [])
+    except (OSError, ValueError, AttributeError): return True
+    return any(isinstance(c, dict) and "parameters" in (c.get("metadata") or {}).get("tags", []) for c in cells)
+
+
 def _check_request(where: str, notebook: Path, params: dict, check_params) -> None:
     "Everything that can be checked before a kernel starts; errors start with `where`."
     if not notebook.is_file(): raise FileNotFoundError(f"{where}: `notebook` {str(notebook)!r} does not exist")
+    if params and not _has_parameters_cell(notebook):  # papermill would put them above the first cell, to be overwritten
+        raise ValueError(f"{where}: `notebook` {str(notebook)!r} has no cell tagged `parameters`, so the values given "
+                         "would be set before its first cell and then overwritten by its own; tag the cell that sets "
+                         "its defaults `parameters`")
     if "output_dir" in params: raise ValueError(f"{where}: `params` must not set output_dir (it is the run's folder)")
     for k, v in params.items():
         try: json.dumps(v, allow_nan=False)
@@ -252,6 +284,10 @@ def _check_folder(fn: str, out: Path, previous: dict | None) -> None:
     if _run_files(out) and previous is None:
         raise ValueError(f"{fn}: {str(out)!r} holds files but no {STATUS_FILE}, so it is not a run folder; "
                          "choose a new or empty folder")
+    links = sorted(p.name for p in out.iterdir() if p.is_symlink()) if out.is_dir() else []
+    if links:  # the run writes, moves and deletes its files in place: through a link they would land elsewhere
+        raise ValueError(f"{fn}: the run folder {str(out)!r} holds symbolic links ({', '.join(links)}); rlnb writes "
+                         "and moves a run's files itself and will not follow a link out of its folder: remove them")
 
 # %% ../nbs/60_experiments.ipynb #9b4f4566
 def _run_files(out: Path) -> list[Path]:
@@ -321,6 +357,9 @@ def _error_text(
     return f"{type(error).__name__}: {error}"
 
 # %% ../nbs/60_experiments.ipynb #71af9bde
+_KERNELS = weakref.WeakSet()  # the kernel managers of this process: their kernels run the notebooks
+
+
 @functools.cache
 def _unix_socket_kernel_manager() -> type:
     "A Jupyter kernel manager whose ipykernel kernels listen on Unix sockets (Linux, macOS) instead of TCP ports."
@@ -329,6 +368,7 @@ def _unix_socket_kernel_manager() -> type:
     class UnixSocketKernelManager(AsyncKernelManager):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
+            _KERNELS.add(self)  # so that an interrupt can be passed on to its kernel
             name = f"rlnb-kernel-{uuid.uuid4().hex}"  # the sockets are this + "-1" ... "-5"
             # Linux: '@' names an abstract socket, which is no file and goes when its kernel does, even a killed one
             prefix = "@" + name if sys.platform == "linux" else os.path.join(tempfile.gettempdir(), name)
@@ -367,15 +407,21 @@ def run_experiment(
         return done or _run_attempt(notebook, params, out, _read_status(out), env, cwd, kernel_name, log_output)
 
 
-def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None, env, cwd, kernel_name: str,
-                 log_output: bool) -> RunResult:
-    "One attempt in a locked run folder: the previous attempt set aside (kept), papermill run, the status written."
-    attempt = (previous or {}).get("attempt", 0) + 1
-    if not params.get("resume"): _set_aside(out, attempt - 1)  # a resumed run continues in the files it left
-    status = dict(status="running", params=params, attempt=attempt, notebook="run.ipynb",
-                  started=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid())
-    _write_json_atomic(out / STATUS_FILE, status)
-    t0, error = time.perf_counter(), None
+def _interrupt_kernels() -> None:
+    "Pass an interrupt on to this process's kernels (each runs in a process group of its own, out of Ctrl-C's reach)."
+    for km in list(_KERNELS):
+        group = getattr(km.provisioner, "pgid", None) if km.has_kernel else None
+        with contextlib.suppress(OSError):
+            if group: os.killpg(group, signal.SIGINT)
+
+
+_STOPPING_RUN = ("rlnb: interrupting the notebook: a training in it stops after its iteration under way and saves "
+                 "its checkpoint; interrupt again to stop at once")
+
+
+def _papermill(notebook: Path, params: dict, out: Path, env, cwd, kernel_name: str, log_output: bool) -> str | None:
+    "Run the notebook into out/run.ipynb with papermill: None if it ran to the end, else its error in one line."
+    error = None
     for _ in range(3):  # a kernel that failed before its first cell ran nothing: start it again
         try:
             import papermill as pm
@@ -387,11 +433,32 @@ def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None,
                                     cwd=str(cwd or os.getcwd()),
                                     # not the kernel's own chatter
                                     extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
-            error, retry = None, False
+            return None
         except Exception as e:  # the notebook failed: recorded, not raised
-            error, retry = _error_text(e), _kernel_never_started(e)
-        if not retry: break
-    status.update(status="failed" if error else "completed", error=error, seconds=round(time.perf_counter() - t0, 2))
+            error = _error_text(e)
+            if not _kernel_never_started(e): break
+    return error
+
+
+def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None, env, cwd, kernel_name: str,
+                 log_output: bool) -> RunResult:
+    "One attempt in a locked run folder: the previous attempt set aside (kept), papermill run, the status written."
+    attempt = (previous or {}).get("attempt", 0) + 1
+    if not params.get("resume"): _set_aside(out, attempt - 1)  # a resumed run continues in the files it left
+    status = dict(status="running", params=params, attempt=attempt, notebook="run.ipynb",
+                  started=time.strftime("%Y-%m-%d %H:%M:%S"), host=socket.gethostname(), pid=os.getpid())
+    _write_json_atomic(out / STATUS_FILE, status)
+    t0 = time.perf_counter()
+    ended = lambda **how: status.update(**how, seconds=round(time.perf_counter() - t0, 2))
+    try:
+        with SoftInterrupt(_STOPPING_RUN, on_first=_interrupt_kernels):  # Ctrl-C: the notebook stops, and saves
+            error = _papermill(notebook, params, out, env, cwd, kernel_name, log_output)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once; the run's last checkpoint is what it saved before
+        ended(status="interrupted", error="KeyboardInterrupt: stopped at once (interrupted twice)")
+        _write_json_atomic(out / STATUS_FILE, status)
+        raise
+    interrupted = error is not None and error.startswith("KeyboardInterrupt")
+    ended(status="interrupted" if interrupted else "failed" if error else "completed", error=error)
     _write_json_atomic(out / STATUS_FILE, status)
     return _result(out, status)
 
@@ -489,6 +556,8 @@ def progress_line(
     took = f"{seconds:.0f} s" if isinstance(seconds, (int, float)) and seconds == seconds else "? s"
     if result.skipped and result.status == "running": return f"{head} in use, left alone: {result.error}"
     if result.skipped: return f"{head} done before, skipped"
+    if result.status == "interrupted":
+        return f"{head} interrupted {took}  {(result.error or '?').splitlines()[0]}  ({result.notebook})"
     if result.status != "completed":
         return f"{head} FAILED {took}  {(result.error or '?').splitlines()[0]}  ({result.notebook})"
     line, s = f"{head} ok {took}", result.summary or {}
@@ -619,6 +688,16 @@ def _matches(params: Mapping, where: Mapping) -> bool:
     return all(k in params and params[k] in (v if isinstance(v, (list, tuple)) else [v]) for k, v in where.items())
 
 # %% ../nbs/60_experiments.ipynb #51df7d78
+def _check_where_names(where: Mapping, names: set, root: Path) -> None:
+    "A `where` name that no run has (a misspelling) would select nothing without a word: refused, naming it."
+    unknown = [k for k in where if k not in names]
+    if unknown and names:
+        close = difflib.get_close_matches(str(unknown[0]), sorted(names), n=1)
+        raise ValueError(f"load_sweep: `where` names {unknown[0]!r}, a parameter no run in {str(root)!r} has"
+                         + (f" (did you mean {close[0]!r}?)" if close else "")
+                         + f"; they have: {', '.join(sorted(names))}")
+
+
 def load_sweep(
     output_root: str | Path,  # the folder run_sweep wrote, a subfolder per run
     where: Mapping | None = None,  # only the runs whose parameters have these values, {name: value or [values]}
@@ -629,17 +708,19 @@ def load_sweep(
     if not root.is_dir(): raise ValueError(f"load_sweep: `output_root` {str(root)!r} is not a folder")
     if where is not None and not isinstance(where, Mapping):
         raise TypeError(f"load_sweep: `where` must be a dict {{name: value or [values]}}, got {type(where).__name__}")
-    rows, names = [], []
+    rows, names, every_name = [], [], set()
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         try: status = _read_status(folder)
         except ValueError as e:
             warnings.warn(f"load_sweep: skipped {folder.name}: {e}")
             continue
+        every_name.update((status or {}).get("params", {}))
         if status is None or not _matches(status.get("params", {}), where or {}): continue  # not a run, or not asked
         reason = _incomplete(folder, status) if status["status"] == "completed" else None
         if reason: status = {**status, "status": "incomplete", "error": f"marked completed, but {reason}"}
         rows.append(_run_row(folder, status))
         names += [k for k in status.get("params", {}) if k not in names]
+    _check_where_names(where or {}, every_name, root)
     figures = [k for r in rows for k in r if k != "error"]  # the summaries' keys, in order of appearance
     columns = dict.fromkeys(["run_id", *names, "status", "seconds", *figures, "error"])
     runs = pd.DataFrame(rows, columns=list(columns))

@@ -18,7 +18,7 @@ from .core import TrainingState, TrainingStats, group_stats
 # %% auto #0
 __all__ = ['METRIC_LABELS', 'metrics_record', 'reward_metrics', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger',
            'load_metrics', 'drop_metrics_after', 'update_ema_metrics', 'log_to_wandb', 'create_progress_logger',
-           'plot_metrics', 'load_wandb_metrics', 'create_tensorboard_logger']
+           'plot_metrics', 'save_figure', 'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/40_loggers.ipynb #05a15ce3
 def metrics_record(
@@ -87,7 +87,9 @@ def create_jsonl_logger(
     path.parent.mkdir(parents=True, exist_ok=True)
     def log(state: TrainingState, stats: TrainingStats) -> None:
         line = (json.dumps(metrics_record(state, stats), allow_nan=True) + "\n").encode()
-        with open(path, "a+b") as f:
+        try: fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError: check_metrics_file(path, "create_jsonl_logger"); raise  # a link put there since: named
+        with open(fd, "a+b") as f:
             if f.seek(0, os.SEEK_END) > 0:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":  # a writer was killed mid-line: end that line before ours
@@ -306,6 +308,18 @@ def plot_metrics(
     if title: fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/40_loggers.ipynb #5aecfc7a
+def save_figure(
+    fig,  # a matplotlib Figure
+    path: str | Path,  # the file to (re)write, e.g. a run's reward_curve.png; the format comes from its suffix
+    **savefig_kwargs,  # passed to fig.savefig, e.g. dpi=120
+) -> Path:
+    "fig.savefig into `path`, atomically and never through a symbolic link (see write_atomically)."
+    import io
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig_kwargs)
+    return write_atomically(path, buffer.getvalue())
 
 # %% ../nbs/40_loggers.ipynb #fc7c4965
 def _wandb_records(path: Path):

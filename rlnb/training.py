@@ -27,6 +27,7 @@ from .checkpoints import save_checkpoint
 from .step import OneProcess, create_training_state, data_parallel, default_num_threads, is_metrics, training_step
 from .train_checks import check_train_arguments, checked_generator, checked_template_fn, warn_unused_hooks
 from .resume import output_lock, output_paths, resumed_state
+from .interrupts import SoftInterrupt
 
 # %% auto #0
 __all__ = ['training_iteration', 'train']
@@ -444,6 +445,27 @@ def _evaluates_first(state: TrainingState, config: TrainingConfig, eval_fn) -> b
     return eval_fn is not None and bool(config.eval_every) and state.iteration == 0 and config.num_iterations > 0
 
 
+_STOPPING = ("train: stopping after the iteration under way, with a checkpoint if the run has an output_dir; "
+             "interrupt again to stop at once")
+
+
+@contextlib.contextmanager
+def _shut_down_after(ahead: _RolloutsAhead | None):
+    "The block, then the sampling ahead stopped (if any), however the block ends."
+    try: yield
+    finally:
+        if ahead is not None: ahead.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stopped(state: TrainingState, config: TrainingConfig, saved: bool) -> KeyboardInterrupt:
+    "What an interrupted run raises: where it stopped and how to go on."
+    where = config.output_dir
+    then = (f"its checkpoint is in {str(where)!r}: train again with resume=True to continue" if saved and where
+            else "checkpoint_fn saved it" if saved
+            else "nothing was saved (no output_dir); the model holds its weights")
+    return KeyboardInterrupt(f"train: stopped after iteration {state.iteration} of {config.num_iterations}; {then}")
+
+
 def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: list, checkpoint_fn, stop_fn,
           **loop_hooks) -> TrainingState:
     "The body of `train`: iterate, log, evaluate, checkpoint, stop. `loop_hooks`: training_iteration's keywords."
@@ -458,35 +480,35 @@ def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: li
              else None)
     state = _restored_pending(state, ahead)
     t0, skipped, dp = time.perf_counter(), 0, data_parallel()  # dp: one process, or several
-    try:
-        while state.iteration < config.num_iterations:
-            under_way = state.iteration + 1  # counted from 1: the iteration a dead rank's error names
-            prompts, batch, timing = None, None, {}
-            if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
-            else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
-            state, batch, stats = training_iteration(state, prompts, batch=batch, **loop_hooks)
-            stats = stats._replace(custom_metrics={**stats.custom_metrics, **timing})
-            if len(batch) == 0:  # nothing trained this time
-                skipped += 1
-                if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
-            emit(state, stats)
-            out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
-            done = state.iteration >= config.num_iterations or out_of_time
-            metrics = dict(stats.custom_metrics)
-            if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
-                metrics.update(evaluate(state))
-            stop = stop_fn is not None and _checked_stop(stop_fn(state, metrics))
-            done = dp.any_rank(done or stop)  # several processes stop together: rank 0 alone evaluated
-            every = config.checkpoint_every
-            if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
-                checkpoint_fn(state if ahead is None else ahead.saved_with(state))
-            if done or stop: break
-    except Exception as e:  # several processes: a rank died (chapter *Several processes*, later) or not ours
-        failure = dp.rank_failure(e, under_way, config)
-        if failure is None: raise
-        raise failure from e
-    finally:
-        if ahead is not None: ahead.pool.shutdown(wait=True, cancel_futures=True)
+    with SoftInterrupt(_STOPPING) as stopping, _shut_down_after(ahead):  # a first Ctrl-C: stop after this iteration
+        try:
+            while state.iteration < config.num_iterations:
+                under_way = state.iteration + 1  # counted from 1: the iteration a dead rank's error names
+                prompts, batch, timing = None, None, {}
+                if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
+                else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
+                state, batch, stats = training_iteration(state, prompts, batch=batch, **loop_hooks)
+                stats = stats._replace(custom_metrics={**stats.custom_metrics, **timing})
+                if len(batch) == 0:  # nothing trained this time
+                    skipped += 1
+                    if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
+                emit(state, stats)
+                out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
+                done = state.iteration >= config.num_iterations or out_of_time
+                metrics = dict(stats.custom_metrics)
+                if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
+                    metrics.update(evaluate(state))
+                stop = (stop_fn is not None and _checked_stop(stop_fn(state, metrics))) or stopping.requested
+                done = dp.any_rank(done or stop)  # several processes stop together: rank 0 alone evaluated
+                every = config.checkpoint_every
+                if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
+                    checkpoint_fn(state if ahead is None else ahead.saved_with(state))
+                if done or stop: break
+        except Exception as e:  # several processes: a rank died (chapter *Several processes*, later) or not ours
+            failure = dp.rank_failure(e, under_way, config)
+            if failure is None: raise
+            raise failure from e
+    if stopping.requested: raise _stopped(state, config, checkpoint_fn is not None)
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
     dp.any_rank(False)  # several processes return together: rank 0's last checkpoint is on disk
     return state
