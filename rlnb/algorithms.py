@@ -23,9 +23,10 @@ __all__ = ['AGGREGATIONS', 'ALGORITHMS', 'BUILTIN_ALGORITHM_MODULES', 'CORRECTIO
            'BUILTIN_STEP_EXTENSION_MODULES', 'compute_grpo_advantages', 'compute_advantages',
            'clipped_surrogate_objective', 'aggregate_loss', 'advantages_2d', 'token_kl', 'masked_means',
            'policy_and_kl_losses', 'grpo_loss', 'compute_grpo_loss', 'compute_policy_gradient_loss', 'AlgorithmSpec',
-           'find_algorithm', 'check_algorithm_spec', 'register_algorithm', 'create_algorithm_config',
-           'create_grpo_config', 'batch_fields_for', 'compute_batch_advantages', 'compute_loss_by_algorithm',
-           'StepExtension', 'register_step_extension', 'step_extensions', 'get_algorithm_config', 'toy_run']
+           'check_clip_config', 'find_algorithm', 'check_algorithm_spec', 'register_algorithm',
+           'create_algorithm_config', 'create_grpo_config', 'batch_fields_for', 'compute_batch_advantages',
+           'compute_loss_by_algorithm', 'StepExtension', 'register_step_extension', 'step_extensions',
+           'get_algorithm_config', 'toy_run']
 
 # %% ../nbs/30_algorithms.ipynb #6016c547
 _SCALES = ("group", "batch", "none")
@@ -169,16 +170,34 @@ def masked_means(
     return dict(zip(values, stacked.tolist()))
 
 # %% ../nbs/30_algorithms.ipynb #66af80fe
+def _check_clip_knobs(fn: str, clip_eps=0.2, clip_eps_high=None, log_ratio_clip=None, dual_clip=None) -> None:
+    "The clipped ratio's knobs: finite numbers, none of which leaves the clip meaningless or every token no gradient."
+    for name, x in (("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high), ("log_ratio_clip", log_ratio_clip),
+                    ("dual_clip", dual_clip)):
+        if x is not None or name == "clip_eps": check_finite_number(fn, name, x, low=-math.inf)
+    if not 0 <= clip_eps < 1:
+        raise ValueError(f"{fn}: `clip_eps`={clip_eps!r} must be in [0, 1): the ratio is clipped below at 1 - clip_eps "
+                         f"= {1 - clip_eps:g}, " + ("which a ratio (always > 0) never reaches, so the lower clip would "
+                         "do nothing" if clip_eps >= 1 else "above an unchanged token's ratio 1, so every token with "
+                         "A < 0 would get no gradient") + "; use e.g. 0.2")
+    if clip_eps_high is not None and clip_eps_high < 0:
+        raise ValueError(f"{fn}: `clip_eps_high`={clip_eps_high!r} must be >= 0: the ratio is clipped above at "
+                         f"1 + clip_eps_high = {1 + clip_eps_high:g}, below an unchanged token's ratio 1, so every "
+                         "token with A > 0 would get no gradient; use e.g. 0.28, or None (= clip_eps)")
+    if log_ratio_clip is not None and log_ratio_clip <= 0:
+        raise ValueError(f"{fn}: `log_ratio_clip`={log_ratio_clip!r} must be > 0: log(pi/pi_old) is clamped to "
+                         "[-c, c], so c <= 0 pins every ratio at 1 and no token gets a gradient; use None (off) or "
+                         "e.g. 20")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 "
+                         "(it caps the loss of ratios above it when A < 0)")
+
+
 def _check_grpo_knobs(fn: str, beta, clip_eps, clip_eps_high, log_ratio_clip, dual_clip, aggregation,
                       ref_logprobs) -> None:
     "The knobs of grpo_loss (and the losses built on it) must be numbers in range; beta > 0 needs ref_logprobs."
     check_finite_number(fn, "beta", beta)
-    check_finite_number(fn, "clip_eps", clip_eps)
-    for name, x in (("clip_eps_high", clip_eps_high), ("log_ratio_clip", log_ratio_clip), ("dual_clip", dual_clip)):
-        if x is not None: check_finite_number(fn, name, x)
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"{fn}: `dual_clip`={dual_clip!r} must be > 1 "
-                         "(it caps the loss of ratios above it when A < 0)")
+    _check_clip_knobs(fn, clip_eps, clip_eps_high, log_ratio_clip, dual_clip)
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"{fn}: `beta`={beta} needs `ref_logprobs` (B, C); pass them or set beta=0")
     if not callable(aggregation) and aggregation not in AGGREGATIONS:
@@ -340,13 +359,25 @@ class AlgorithmSpec(NamedTuple):
     check_config: Callable | None = None
 
 
+def check_clip_config(
+    algorithm_config: Mapping[str, Any],  # {"name": ..., **knobs}: the knobs clip_eps, clip_eps_high, ... it has
+    run_config=None,  # the run's TrainingConfig (unused: the clip knobs are the algorithm's own)
+) -> None:
+    "A `check_config` for a loss that clips the ratio as grpo_loss does: its clip knobs checked before anything loads."
+    names = ("clip_eps", "clip_eps_high", "log_ratio_clip", "dual_clip")
+    _check_clip_knobs(str(algorithm_config.get("name")), **{k: algorithm_config[k] for k in names
+                                                             if k in algorithm_config})
+
+
 _GRPO_DEFAULTS = dict(scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
                       max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: configs are copies, never the registry's dict
-    "grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss, MappingProxyType(_GRPO_DEFAULTS)),
+    "grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss, MappingProxyType(_GRPO_DEFAULTS),
+                          check_config=check_clip_config),
     "dr_grpo": AlgorithmSpec(compute_grpo_advantages, grpo_loss,
-                             MappingProxyType({**_GRPO_DEFAULTS, "scale": "none", "aggregation": "constant"})),
+                             MappingProxyType({**_GRPO_DEFAULTS, "scale": "none", "aggregation": "constant"}),
+                             check_config=check_clip_config),
 }
 
 # %% ../nbs/30_algorithms.ipynb #a73d9cf2

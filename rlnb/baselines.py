@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .checks import check_finite_number, resolve_group_ids, rewards_1d
 from .core import Batch, GenerationConfig, group_stats
-from .algorithms import ALGORITHMS, AlgorithmSpec, compute_grpo_advantages, grpo_loss
+from .algorithms import ALGORITHMS, AlgorithmSpec, check_clip_config, compute_grpo_advantages, grpo_loss
 from .catalogue import compute_reinforce_pp_advantages
 from .rollouts import create_batch_rollouts
 
@@ -44,7 +44,8 @@ def compute_maxrl_advantages(
 _LOSS_DEFAULTS = dict(clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean",
                       max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)  # grpo_loss's knobs
 
-ALGORITHMS["maxrl"] = AlgorithmSpec(compute_maxrl_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)))
+ALGORITHMS["maxrl"] = AlgorithmSpec(compute_maxrl_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)),
+                                    check_config=check_clip_config)
 
 # %% ../nbs/37_baselines.ipynb #b3ca241d
 def _reward_components(fn: str, rewards) -> Tensor:
@@ -82,7 +83,8 @@ def compute_gdpo_advantages(
 
 # %% ../nbs/37_baselines.ipynb #aad619f5
 def _check_gdpo_config(algorithm_config, run_config) -> None:
-    "A run of gdpo: weights that are all 0 would sum every reward to 0."
+    "A run of gdpo: weights that are all 0 would sum every reward to 0 (and grpo_loss's clip knobs in range)."
+    check_clip_config(algorithm_config)
     w = algorithm_config.get("weights")
     if w is not None and not isinstance(w, (str, bytes)) and len(w) and all(x == 0 for x in w):
         raise ValueError(f"gdpo: `weights`={list(w)!r} are all 0, so every summed reward and every advantage would be "
@@ -161,4 +163,5 @@ def create_greedy_baseline_rollout_fn(
 
 # %% ../nbs/37_baselines.ipynb #6ee57ebd
 ALGORITHMS["remax"] = AlgorithmSpec(compute_remax_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)),
-                                    group_relative=False, rollout_wrapper=create_greedy_baseline_rollout_fn)
+                                    group_relative=False, rollout_wrapper=create_greedy_baseline_rollout_fn,
+                                    check_config=check_clip_config)

@@ -15,8 +15,9 @@ from torch import Tensor
 from .checks import check_2d, check_finite, check_finite_number, resolve_group_ids, rewards_1d
 from .core import group_stats
 from .kl import KL_ESTIMATORS
-from .algorithms import (ALGORITHMS, AlgorithmSpec, advantages_2d, aggregate_loss, compute_grpo_advantages,
-                             compute_policy_gradient_loss, create_algorithm_config, grpo_loss, masked_means, token_kl)
+from .algorithms import (ALGORITHMS, AlgorithmSpec, advantages_2d, aggregate_loss, check_clip_config,
+                             compute_grpo_advantages, compute_policy_gradient_loss, create_algorithm_config, grpo_loss,
+                             masked_means, token_kl)
 
 # %% auto #0
 __all__ = ['DAPO_DEFAULTS', 'compute_rloo_advantages', 'compute_reinforce_advantages', 'compute_reinforce_loss', 'reinforce_loss',
@@ -40,7 +41,8 @@ def compute_rloo_advantages(
 
 # %% ../nbs/31_catalogue.ipynb #6908c13a
 ALGORITHMS["rloo"] = AlgorithmSpec(compute_rloo_advantages, grpo_loss, MappingProxyType(dict(
-    clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean", max_completion_length=None, kl_fn=None)))
+    clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean", max_completion_length=None, kl_fn=None)),
+    check_config=check_clip_config)
 
 # %% ../nbs/31_catalogue.ipynb #b9b26eda
 def _batch_mean_baseline(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -137,7 +139,8 @@ def compute_dapo_loss(
 
 # %% ../nbs/31_catalogue.ipynb #e237cc57
 ALGORITHMS["dapo"] = AlgorithmSpec(compute_grpo_advantages, compute_dapo_loss, MappingProxyType(dict(
-    scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=0.28, beta=0.0, kl_fn=None)), run_defaults=DAPO_DEFAULTS)
+    scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=0.28, beta=0.0, kl_fn=None)), run_defaults=DAPO_DEFAULTS,
+    check_config=check_clip_config)
 
 
 def create_dapo_config(**overrides) -> dict:
@@ -202,7 +205,8 @@ def gspo_loss(
 # %% ../nbs/31_catalogue.ipynb #1927db27
 ALGORITHMS["gspo"] = AlgorithmSpec(compute_grpo_advantages, gspo_loss, MappingProxyType(dict(
     scale="group", eps=1e-4, clip_eps=3e-4, clip_eps_high=4e-4, beta=0.0, aggregation="sequence_mean",
-    max_completion_length=None, kl_fn=None)), correction_level="sequence")  # one advantage and ratio per sequence
+    max_completion_length=None, kl_fn=None)), correction_level="sequence",  # one advantage and ratio per sequence
+    check_config=check_clip_config)
 
 # %% ../nbs/31_catalogue.ipynb #3950e868
 def compute_reinforce_pp_advantages(
@@ -236,4 +240,5 @@ def reinforce_pp_loss(
 
 # %% ../nbs/31_catalogue.ipynb #6987a68c
 ALGORITHMS["reinforce++"] = AlgorithmSpec(compute_reinforce_pp_advantages, reinforce_pp_loss, MappingProxyType(dict(
-    eps=1e-4, clip_eps=0.2, beta=0.01, kl_estimator="k3", kl_fn=None)), group_relative=False)
+    eps=1e-4, clip_eps=0.2, beta=0.01, kl_estimator="k3", kl_fn=None)), group_relative=False,
+    check_config=check_clip_config)

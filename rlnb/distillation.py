@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
-from .algorithms import ALGORITHMS, AlgorithmSpec, grpo_loss
+from .algorithms import ALGORITHMS, AlgorithmSpec, check_clip_config, grpo_loss
 
 # %% auto #0
 __all__ = ['compute_distillation_advantages', 'compute_opd_advantages']
@@ -57,7 +57,8 @@ def compute_opd_advantages(
 
 
 def _check_opd_config(algorithm_config, run_config) -> None:
-    "A run of opd: `teacher_coef` 0 would make every advantage 0."
+    "A run of opd: `teacher_coef` 0 would make every advantage 0 (and grpo_loss's clip knobs in range)."
+    check_clip_config(algorithm_config)
     if algorithm_config.get("teacher_coef") == 0:
         raise ValueError("opd: `teacher_coef`=0 multiplies every advantage by 0, so nothing would train; the teacher's "
                          "signal is the only one opd has (1.0 by default)")

@@ -185,6 +185,14 @@ def dpo_pairs_per_row(batch, config: Mapping) -> Tensor:
     return torch.zeros(B, device=pairs.device).index_add(0, pairs[:, 0], torch.ones(len(pairs), device=pairs.device))
 
 
+def _check_dpo_config(algorithm_config, run_config) -> None:
+    "A run of dpo: beta 0 would make its loss a constant, before a model loads rather than at the first step."
+    if algorithm_config.get("beta") == 0:
+        raise ValueError("dpo: `beta`=0 makes the loss the constant log 2 for every pair, so nothing would train; "
+                         "use beta > 0 (DPO's usual 0.1)")
+
+
 ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_loss, MappingProxyType(dict(
     beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True,
-    loss_units=dpo_pairs_per_row, correction_level=None)  # its loss compares whole sequences: nothing to weight
+    # its loss compares whole sequences: nothing to weight
+    loss_units=dpo_pairs_per_row, correction_level=None, check_config=_check_dpo_config)

@@ -18,9 +18,9 @@ from .algorithms import AlgorithmSpec, StepExtension, aggregate_loss, register_s
 from .logprobs import compute_logprobs_for_tokens
 
 # %% auto #0
-__all__ = ['ENTROPY_CONTROLS', 'entropy_bonus', 'high_entropy_mask', 'adaptive_entropy_coef', 'entropy_coefficient',
-           'update_entropy_control', 'apply_entropy_controls', 'entropy_loss_term', 'finish_entropy_control',
-           'masks_high_entropy']
+__all__ = ['ENTROPY_CONTROLS', 'entropy_bonus', 'high_entropy_mask', 'apply_high_entropy_mask', 'adaptive_entropy_coef',
+           'entropy_coefficient', 'update_entropy_control', 'apply_entropy_controls', 'entropy_loss_term',
+           'finish_entropy_control', 'masks_high_entropy']
 
 # %% ../nbs/36_entropy.ipynb #71c28899
 def _masked_token_mean(x: Tensor, loss_mask: Tensor) -> float:
@@ -66,6 +66,18 @@ def high_entropy_mask(
     k = max(1, math.ceil(top_fraction * n))  # tokens kept
     threshold = entropy.detach()[keep].topk(k).values[-1]  # the k-th highest entropy in the batch
     return loss_mask * (entropy.detach() >= threshold).to(loss_mask.dtype)  # ties at the threshold are all kept
+
+# %% ../nbs/36_entropy.ipynb #69d3d0ab
+def apply_high_entropy_mask(
+    batch: CollatedBatch,  # the step's whole batch, its advantages computed
+    kept: Tensor,  # (B, C) from high_entropy_mask: non-zero on the tokens kept
+    spec: AlgorithmSpec | None = None,  # the algorithm's registry entry: whether its loss takes per-token advantages
+) -> CollatedBatch:  # advantages 0 off the kept tokens, (B, C); or, for a loss with one per sequence, the mask narrowed
+    "The mask as the paper's indicator: a token left out gets advantage 0 and still counts in the loss's average."
+    per_token = batch.advantages is not None and spec is not None and spec.correction_level == "token"
+    if not per_token: return batch._replace(loss_mask=kept)  # GSPO's sequence ratio, or a loss only loss_fn knows
+    adv = batch.advantages if batch.advantages.ndim == 2 else batch.advantages[:, None]  # (B, C) or (B, 1)
+    return batch._replace(advantages=adv * (kept != 0).to(adv.dtype))  # (B, C)
 
 # %% ../nbs/36_entropy.ipynb #eea314fc
 def adaptive_entropy_coef(
@@ -114,7 +126,7 @@ def apply_entropy_controls(
     spec: AlgorithmSpec | None = None,  # the algorithm's registry entry: one whose loss pairs rollouts is refused
     fn: str = "apply_entropy_controls",  # the caller's name, for messages
 ) -> tuple[CollatedBatch, TrainingConfig, dict]:  # (batch, config with this step's entropy_coef, metrics)
-    "Before a step's updates: the high-entropy mask on the batch's loss mask, and the bonus weight for this step."
+    "Before a step's updates: the high-entropy mask on the batch's advantages, and the bonus weight for this step."
     coef = entropy_coefficient(state, config)
     adaptive, masked = config.entropy_target is not None, config.entropy_top_fraction < 1
     if (coef > 0 or adaptive or masked) and spec is not None and (spec.loss_units is not None or spec.whole_groups):
@@ -131,7 +143,7 @@ def apply_entropy_controls(
     n = float((batch.loss_mask != 0).sum().clamp(min=1))
     metrics.update({"entropy/mean": _masked_token_mean(entropy, batch.loss_mask),
                     "entropy/masked_fraction": 1 - float((kept != 0).sum()) / n})
-    return batch._replace(loss_mask=kept), config._replace(entropy_coef=coef), metrics
+    return apply_high_entropy_mask(batch, kept, spec), config._replace(entropy_coef=coef), metrics
 
 # %% ../nbs/36_entropy.ipynb #eb2a9309
 def entropy_loss_term(
@@ -153,7 +165,7 @@ def finish_entropy_control(state: TrainingState, config: TrainingConfig, metrics
 
 
 def masks_high_entropy(config: TrainingConfig) -> bool:
-    "Whether apply_entropy_controls narrows the loss mask: with entropy_top_fraction < 1."
+    "Whether apply_entropy_controls masks tokens (entropy_top_fraction < 1): a sampler correction then acts first."
     return config.entropy_top_fraction < 1
 
 

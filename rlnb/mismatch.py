@@ -20,7 +20,8 @@ from .algorithms import ALGORITHMS, advantages_2d, find_algorithm, masked_means
 # %% auto #0
 __all__ = ['ROLLOUT_CORRECTIONS', 'mismatch_metrics', 'sequence_log_ratio', 'tis_token_correction', 'tis_seq_correction',
            'mis_token_correction', 'mis_seq_correction', 'icepop_correction', 'geo_rs_correction', 'no_correction',
-           'rollout_correction', 'apply_rollout_correction', 'sampler_copy', 'create_hf_generator']
+           'check_rollout_correction', 'rollout_correction', 'apply_rollout_correction', 'sampler_copy',
+           'create_hf_generator']
 
 # %% ../nbs/34_mismatch.ipynb #28d83b10
 _LOG_RATIO_BOUND = 20.0  # |log rho| is clamped here before exp (verl's SAFETY_BOUND): e^20 ~ 5e8 cannot overflow
@@ -154,14 +155,46 @@ ROLLOUT_CORRECTIONS: dict[str, Callable] = {
 }
 
 # %% ../nbs/34_mismatch.ipynb #eba34a30
-def _check_correction_knobs(fn: str, mode, cap, low, high) -> Callable:
-    "The registered function for `mode`, after checking cap > 0 and 0 <= low < high."
+# the knobs each built-in mode reads, named in its errors (a mode added by a user: all three)
+_MODE_KNOBS = {"tis_token": ("cap",), "tis_seq": ("cap",), "mis_token": ("cap",), "mis_seq": ("cap",),
+               "icepop": ("low", "high"), "geo_rs": ("low", "high"), "none": ()}
+
+
+def _check_on_policy_token(fn: str, mode: str, correction: Callable, knobs: dict) -> None:
+    "A token the trainer itself sampled (ratio 1) must come out kept, with weight 1, or the mode corrects nothing."
+    with torch.no_grad():
+        out = correction(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), *knobs.values())
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, Tensor) and x.shape == (1, 1) for x in out)):
+        return  # rollout_correction names a mode that returns something else
+    weight, kept = float(out[0]), bool(out[1])
+    if kept and abs(weight - 1) < 1e-6: return
+    reads = _MODE_KNOBS.get(mode, ("cap", "low", "high"))
+    named = ", ".join(f"`{k}`={v!r}" for k, v in knobs.items() if k.split("_")[-1] in reads)
+    token = "a token on which the sampler and the trainer agree (ratio 1)"
+    if kept:
+        raise ValueError(f"{fn}: mode {mode!r} with {named} gives weight {weight:g}, not 1, to {token}: every "
+                         "on-policy token would be scaled rather than corrected; keep the cap >= 1")
+    raise ValueError(f"{fn}: mode {mode!r} with {named} drops {token}: every token of an on-policy batch would be "
+                     "dropped and nothing would train; keep 1 inside [low, high] (icepop, geo_rs) and the cap >= 1")
+
+
+def check_rollout_correction(
+    mode: str,  # a key of ROLLOUT_CORRECTIONS
+    cap: float = 2.0,  # the largest weight (TIS) or the ratio above which a sample is dropped (MIS)
+    low: float = 0.5,  # icepop / geo_rs: ratios below it are dropped
+    high: float = 2.0,  # icepop / geo_rs: ratios above it are dropped
+    fn: str = "rollout_correction",  # the caller's name, for messages
+    prefix: str = "",  # how the caller spells the knobs: "rollout_correction_" for a TrainingConfig's fields
+) -> Callable:  # the registered function for `mode`
+    "The function for `mode`, its knobs checked: cap > 0, 0 <= low < high, and an on-policy token kept with weight 1."
     if not isinstance(mode, str) or mode not in ROLLOUT_CORRECTIONS:
-        raise ValueError(f"{fn}: unknown `mode`={mode!r}; the modes are {sorted(ROLLOUT_CORRECTIONS)} "
+        raise ValueError(f"{fn}: unknown `{prefix or 'mode'}`={mode!r}; the modes are {sorted(ROLLOUT_CORRECTIONS)} "
                          "(add one with ROLLOUT_CORRECTIONS[name] = fn)")
-    for name, x in (("cap", cap), ("low", low), ("high", high)): check_finite_number(fn, name, x)
-    if cap <= 0: raise ValueError(f"{fn}: `cap`={cap!r} must be > 0 (the largest importance weight)")
-    if not low < high: raise ValueError(f"{fn}: `low`={low!r} must be < `high`={high!r}")
+    knobs = {f"{prefix}cap": cap, f"{prefix}low": low, f"{prefix}high": high}
+    for name, x in knobs.items(): check_finite_number(fn, name, x)
+    if cap <= 0: raise ValueError(f"{fn}: `{prefix}cap`={cap!r} must be > 0 (the largest importance weight)")
+    if not low < high: raise ValueError(f"{fn}: `{prefix}low`={low!r} must be < `{prefix}high`={high!r}")
+    _check_on_policy_token(fn, mode, ROLLOUT_CORRECTIONS[mode], knobs)
     return ROLLOUT_CORRECTIONS[mode]
 
 
@@ -176,7 +209,7 @@ def rollout_correction(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:  # weights (B, C) detached, kept tokens (B, C) float 0/1, metrics
     "Importance weights and a keep-mask for the sampler/trainer mismatch, by `mode`, with the mismatch metrics."
     fn = "rollout_correction"
-    correction = _check_correction_knobs(fn, mode, cap, low, high)
+    correction = check_rollout_correction(mode, cap, low, high, fn)
     metrics = mismatch_metrics(old_logprobs, rollout_logprobs, mask)  # checks shapes and finiteness too
     keep = mask.to(old_logprobs.device) > 0  # (B, C) bool
     with torch.no_grad():

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .checks import check_finite_number, resolve_group_ids, rewards_1d
 from .core import GenerationConfig, group_stats
-from .algorithms import ALGORITHMS, AlgorithmSpec, grpo_loss
+from .algorithms import ALGORITHMS, AlgorithmSpec, check_clip_config, grpo_loss
 from .rollouts import create_batch_rollouts, pass_at_k
 
 # %% auto #0
@@ -125,6 +125,7 @@ def compute_passk_advantages(
 # %% ../nbs/38_passk.ipynb #66105ee9
 def _check_passk_config(algorithm_config, run_config) -> None:
     "A run of grpo_passk: k below the group size, or every k-subset is the whole group and every advantage 0."
+    check_clip_config(algorithm_config)  # grpo_loss's clip knobs
     k, size = algorithm_config.get("k"), run_config.group_size
     if isinstance(k, int) and k >= size:
         raise ValueError(f"grpo_passk: `k`={k} with group_size={size}: every {k}-subset of a group of {size} is the "

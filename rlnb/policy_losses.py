@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
-from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, advantages_2d, compute_grpo_advantages,
-                             grpo_loss, masked_means, policy_and_kl_losses)
+from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, advantages_2d, check_clip_config,
+                             compute_grpo_advantages, grpo_loss, masked_means, policy_and_kl_losses)
 
 # %% auto #0
 __all__ = ['DPPO_DIVERGENCES', 'PolicyTokens', 'policy_tokens', 'finish_policy_loss', 'cispo_loss', 'sapo_gate', 'sapo_loss',
@@ -352,6 +352,6 @@ ALGORITHMS["dppo"] = AlgorithmSpec(compute_grpo_advantages, dppo_loss, MappingPr
 ALGORITHMS["clip_cov"] = AlgorithmSpec(compute_clip_cov_advantages, grpo_loss, MappingProxyType(dict(
     **_GRPO_ADV, clip_cov_ratio=2e-4, clip_cov_low=1.0, clip_cov_high=5.0, clip_eps=0.2, clip_eps_high=None,
     aggregation="token_mean", log_ratio_clip=None, dual_clip=None, **_COMMON)),
-    needs_old_logprobs=True)  # the covariance of log pi_old and A picks the tokens
+    needs_old_logprobs=True, check_config=check_clip_config)  # the covariance of log pi_old and A picks the tokens
 ALGORITHMS["kl_cov"] = AlgorithmSpec(compute_grpo_advantages, kl_cov_loss, MappingProxyType(dict(
     **_GRPO_ADV, kl_cov_ratio=2e-3, kl_cov_coef=1.0, aggregation="token_mean", **_COMMON)))

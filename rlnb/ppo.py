@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from .checks import check_2d, check_finite, check_finite_number, rewards_1d
 from .core import TrainingState, model_device
 from .kl import kl_k1
-from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, create_algorithm_config, grpo_loss,
-                             masked_means, token_kl)
+from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, check_clip_config, create_algorithm_config,
+                             grpo_loss, masked_means, token_kl)
 
 # %% auto #0
 __all__ = ['PPO_DEFAULTS', 'create_value_head', 'add_value_head', 'compute_token_rewards', 'compute_gae',
@@ -241,7 +241,8 @@ PPO_DEFAULTS = MappingProxyType(dict(
     aggregation="token_mean", max_completion_length=None, log_ratio_clip=None, dual_clip=None))
 
 ALGORITHMS["ppo"] = AlgorithmSpec(compute_ppo_advantages, compute_ppo_loss, PPO_DEFAULTS, group_relative=False,
-                                  value_head=True, prepare_state=add_value_head, needs_old_logprobs=True)
+                                  value_head=True, prepare_state=add_value_head, needs_old_logprobs=True,
+                                  check_config=check_clip_config)
 
 
 def create_ppo_config(**kwargs) -> dict:

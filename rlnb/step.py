@@ -430,6 +430,29 @@ def data_parallel(start: bool = False):
     return distributed
 
 
+# %% ../nbs/42_step.ipynb #5b749d7b
+def _said_if_no_signal(state: TrainingState, cb: CollatedBatch, metrics: dict, dp, fn: str) -> tuple:
+    "(state, metrics + advantage/nonzero_frac): a batch with no non-zero advantage on a counted token is said once."
+    keep = cb.loss_mask > 0  # (B, C)
+    adv = cb.advantages  # (B,), (B, 1) or (B, C); None: a loss only a custom loss_fn knows (its own advantages)
+    moving = keep if adv is None else keep & ((adv[:, None] if adv.ndim == 1 else adv) != 0)  # (B, C)
+    share = float(moving.any(1).float().mean()) if len(keep) else 0.0
+    metrics = {**metrics, "advantage/nonzero_frac": share}
+    if (state.metadata or {}).get("said_no_signal") or dp.any_rank(share > 0): return state, metrics
+    if dp.process_rank() == 0: warnings.warn(_no_signal_message(state.iteration, bool(keep.any()), fn), stacklevel=3)
+    return state._replace(metadata={**(state.metadata or {}), "said_no_signal": True}), metrics
+
+
+def _no_signal_message(iteration: int, any_token: bool, fn: str) -> str:
+    "Why a batch trains on nothing, and what to change."
+    why = ("every advantage is 0 (e.g. each group's rewards are equal: see reward/zero_std_frac), so the policy "
+           "gradient is 0; if it keeps happening, the task is one the policy always or never solves, or group_size or "
+           "temperature is too small (dynamic sampling, dynamic_sampling=True, skips such groups)" if any_token else
+           "no token counts: the loss mask is empty (every completion empty, or every token dropped by a rollout "
+           "correction or the entropy mask); check max_new_tokens and those settings")
+    return (f"{fn}: iteration {iteration} trains on nothing: {why}. Said once per run; `advantage/nonzero_frac` "
+            "records each step's share of rows with a signal")
+
 # %% ../nbs/42_step.ipynb #d722dd59
 def training_step(
     state: TrainingState,  # model, optimizer, scheduler, ref_model, counters
@@ -460,6 +483,7 @@ def training_step(
         if spec is not None: cb = dp.batch_advantages(cb, algo)
     cb, metrics = _corrected(cb, algo, cfg, fn)  # 5. the sampler's tokens reweighted or dropped, if asked
     cb, step_cfg, metrics = _prepared_extensions(extensions, state, cb, cfg, spec, metrics)  # e.g. the entropy mask
+    state, metrics = _said_if_no_signal(state, cb, metrics, dp, fn)  # no advantage, or no token: said once
     units = spec.loss_units(cb, algo) if spec is not None and spec.loss_units is not None else None  # (B,) or None
     share = dp.loss_share(cb, algo, units)  # this process's part of what the loss averages over (one process: 1)
     chunks = _micro_batches(cb, cfg.micro_batch_size, algo.get("aggregation", "token_mean"), units)

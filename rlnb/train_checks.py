@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from .core import Generation, TrainingConfig, TrainingState, warn_unsaved_checkpoints
-from .mismatch import ROLLOUT_CORRECTIONS
+from .mismatch import ROLLOUT_CORRECTIONS, check_rollout_correction
 
 # %% auto #0
 __all__ = ['HOOK_SIGNATURES', 'checked_template_fn', 'checked_generator', 'warn_unused_hooks', 'check_train_arguments']
@@ -215,6 +215,8 @@ def _check_sampler(config: TrainingConfig, hooks: dict, fn: str = "train") -> No
     if config.rollout_correction not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"{fn}: rollout_correction={config.rollout_correction!r} is not a key of "
                          f"rlnb.ROLLOUT_CORRECTIONS: {', '.join(ROLLOUT_CORRECTIONS)}")
+    check_rollout_correction(config.rollout_correction, config.rollout_correction_cap, config.rollout_correction_low,
+                             config.rollout_correction_high, fn, prefix="rollout_correction_")  # ratio 1 kept as is
     if config.generator != "hf" and (hooks["generator"] is not None or hooks["rollout_fn"] is not None):
         hook = "generator" if hooks["generator"] is not None else "rollout_fn"
         raise ValueError(f"{fn}: config.generator={config.generator!r} and a `{hook}` hook both choose the sampler; "

@@ -144,10 +144,6 @@ def _algorithm(config: TrainingConfig, algorithm_config, loss_fn, fn: str) -> tu
             else create_algorithm_config(config.algorithm, config.algorithm_options, **beta))
     first = _first_algorithm(algo, loss_fn is None, fn)
     spec = find_algorithm(first["name"])
-    if spec is not None and spec.group_relative and config.group_size < 2:
-        raise ValueError(f"{fn}: `group_size`={config.group_size} with {first['name']!r}: each completion is "
-                         "compared with the others sampled for its prompt, so a group of one has advantage 0 and "
-                         "nothing trains; use group_size >= 2")
     if (spec is not None and spec.whole_groups and config.micro_batch_size
             and config.micro_batch_size % config.group_size):
         raise ValueError(f"{fn}: `micro_batch_size`={config.micro_batch_size} would split {first['name'].upper()}'s "
@@ -200,6 +196,10 @@ def _run_specs(algo: Mapping | Callable, config: TrainingConfig) -> dict[str, Al
     specs = {n: check_algorithm_spec(s, "train") for n, s in specs.items() if s is not None}  # also those set by hand
     for c in configs:  # settings under which an algorithm would train on nothing are refused before anything loads
         spec = specs.get(c.get("name"))
+        if spec is not None and spec.group_relative and config.group_size < 2:
+            raise ValueError(f"train: `group_size`={config.group_size} with {c.get('name')!r}: each completion is "
+                             "compared with the others sampled for its prompt, so a group of one has advantage 0 and "
+                             "nothing trains; use group_size >= 2")
         if spec is not None and spec.check_config is not None: spec.check_config(c, config)
     return specs
 

@@ -1,5 +1,7 @@
 """Settings under which an algorithm would train on nothing (every advantage or every token's weight 0) are refused
 before anything loads, naming the setting; the spec's `check_config` says which."""
+import re
+
 import pytest
 
 import rlnb.training as training
@@ -44,3 +46,62 @@ def _passk(**changes):
 def test_a_knob_of_another_kind_than_its_default_is_refused(algorithm, options, message):
     with pytest.raises(TypeError, match=message):
         train(TrainingConfig(algorithm=algorithm, algorithm_options=options, **RUN), progress=False)
+
+
+@pytest.mark.parametrize("algorithm, options, message", [
+    ("grpo", {"clip_eps": 1.0}, "grpo: `clip_eps`=1.0 must be in [0, 1): the ratio is clipped below at 1 - clip_eps"),
+    ("grpo", {"clip_eps": 1e6}, "`clip_eps`=1000000.0 must be in [0, 1)"),
+    ("dr_grpo", {"clip_eps": -0.1}, "every token with A < 0 would get no gradient"),
+    ("dapo", {"clip_eps_high": -0.1}, "dapo: `clip_eps_high`=-0.1 must be >= 0"),
+    ("grpo", {"log_ratio_clip": 0.0}, "grpo: `log_ratio_clip`=0.0 must be > 0"),
+    ("ppo", {"clip_eps": 2.0}, "ppo: `clip_eps`=2.0"),
+    ("gspo", {"clip_eps_high": -1e-4}, "gspo: `clip_eps_high`=-0.0001"),
+    ("rloo", {"clip_eps": 1.0}, "rloo: `clip_eps`=1.0"),
+    ("reinforce++", {"clip_eps": 1.0}, "reinforce++: `clip_eps`=1.0"),
+    ("clip_cov", {"log_ratio_clip": -1.0}, "clip_cov: `log_ratio_clip`=-1.0"),
+    ("maxrl", {"clip_eps": 1.0}, "maxrl: `clip_eps`=1.0"),
+    ("remax", {"clip_eps": 1.0}, "remax: `clip_eps`=1.0"),
+    ("gdpo", {"clip_eps": 1.0}, "gdpo: `clip_eps`=1.0"),
+    ("grpo_passk", {"k": 2, "clip_eps": 1.0}, "grpo_passk: `clip_eps`=1.0"),
+    ("opd", {"log_ratio_clip": 0.0}, "opd: `log_ratio_clip`=0.0"),
+])
+def test_a_clip_that_clips_nothing_or_leaves_no_gradient_is_refused_up_front(monkeypatch, algorithm, options, message):
+    monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train(TrainingConfig(algorithm=algorithm, algorithm_options=options, teacher="tiny" if algorithm == "opd"
+                             else None, **RUN), progress=False)
+
+
+@pytest.mark.parametrize("run, message", [
+    (dict(rollout_correction="tis_token", rollout_correction_cap=0.5), "`rollout_correction_cap`=0.5 gives weight 0.5"),
+    (dict(rollout_correction="tis_seq", rollout_correction_cap=0.99), "`rollout_correction_cap`=0.99 gives weight"),
+    (dict(rollout_correction="mis_token", rollout_correction_cap=0.5), "`rollout_correction_cap`=0.5 drops a token"),
+    (dict(rollout_correction="mis_seq", rollout_correction_cap=0.9), "nothing would train"),
+    (dict(rollout_correction="icepop", rollout_correction_low=1.2, rollout_correction_high=3.0),
+     "mode 'icepop' with `rollout_correction_low`=1.2, `rollout_correction_high`=3.0 drops a token"),
+    (dict(rollout_correction="geo_rs", rollout_correction_low=0.1, rollout_correction_high=0.9),
+     "mode 'geo_rs' with `rollout_correction_low`=0.1, `rollout_correction_high`=0.9 drops a token"),
+])
+def test_a_correction_that_drops_or_scales_on_policy_tokens_is_refused_up_front(monkeypatch, run, message):
+    monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=message):
+        train(TrainingConfig(**{**RUN, **run}), progress=False)
+
+
+def test_corrections_that_keep_an_on_policy_token_are_accepted():
+    from rlnb.mismatch import check_rollout_correction
+    for mode in ("none", "tis_token", "tis_seq", "mis_token", "mis_seq"): check_rollout_correction(mode, cap=1.0)
+    for mode in ("icepop", "geo_rs"): check_rollout_correction(mode, cap=0.1, low=1.0, high=1.5)  # cap unused
+
+
+def test_a_group_relative_algorithm_later_in_a_schedule_refuses_groups_of_one(monkeypatch):
+    monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    schedule = lambda it: get_algorithm_config(it, {0: "reinforce", 1: "grpo"})
+    with pytest.raises(ValueError, match="`group_size`=1 with 'grpo': each completion is compared"):
+        train(TrainingConfig(**{**RUN, "group_size": 1}), algorithm_config=schedule, progress=False)
+
+
+def test_dpo_with_beta_0_is_refused_before_anything_loads(monkeypatch):
+    monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match="dpo: `beta`=0 makes the loss the constant log 2"):
+        train(TrainingConfig(algorithm="dpo", beta=0.0, **RUN), progress=False)

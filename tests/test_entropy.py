@@ -223,3 +223,33 @@ def test_resume_continues_the_adaptive_weight_exactly(tmp_path):
     assert coefs == [s.custom_metrics["entropy/coef"] for s in full.stats_history]
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         if "lora_" in n: assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+def test_the_mask_keeps_every_response_token_in_the_average(setting, aggregation):
+    """The paper's (and TRL's top_entropy_quantile) normaliser: the mask multiplies each token's policy loss and the
+    average still runs over every response token, so the step is not ~1/rho larger and rows keep their weights."""
+    from rlnb.algorithms import compute_grpo_advantages
+    from rlnb.core import collate
+    from rlnb.logprobs import compute_logprobs_for_tokens
+    policy, tok, batch = setting
+    got, _ = step_gradient(setting, "grpo", {"aggregation": aggregation},
+                           TrainingConfig(entropy_top_fraction=0.3, max_grad_norm=0.0))
+    cb = collate(batch.rollouts, tok.pad_token_id, tok.eos_token_id)
+    C = cb.completion_ids.shape[1]
+    policy.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        _, entropy = compute_logprobs_for_tokens(policy, cb.input_ids, cb.attention_mask, C, return_entropy=True)
+    kept = high_entropy_mask(entropy, cb.loss_mask, 0.3)  # (B, C)
+    assert 0 < kept.sum() < 0.5 * cb.loss_mask.sum()
+    lp = compute_logprobs_for_tokens(policy, cb.input_ids, cb.attention_mask, C)  # (B, C) with grad
+    A = compute_grpo_advantages(cb.rewards, cb.group_ids)[:, None]  # (B, 1)
+    ratio = (lp - lp.detach()).exp()
+    per_token = -torch.minimum(ratio * A, ratio.clamp(0.8, 1.2) * A) * kept * cb.loss_mask  # (B, C)
+    loss = (per_token.sum() / cb.loss_mask.sum() if aggregation == "token_mean"
+            else (per_token.sum(1) / cb.loss_mask.sum(1).clamp(min=1)).mean())
+    loss.backward()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    assert got
+    for (k, j), g in got.items(): torch.testing.assert_close(g, params[j].grad, rtol=1e-4, atol=1e-7)
+    policy.zero_grad(set_to_none=True)
