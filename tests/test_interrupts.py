@@ -97,3 +97,20 @@ def test_a_second_ctrl_c_stops_rlnb_run_at_once_and_says_so(tmp_path):
     assert proc.returncode == 130 and "Traceback" not in output, output
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "interrupted", status
+
+
+def test_an_interrupt_while_adapters_are_folded_leaves_them_unfolded():
+    from rlnb.generation import merged_lora
+    from rlnb.models import apply_lora, load_model
+    model = apply_lora(load_model("tiny"), r=4)
+    for name, p in model.named_parameters():
+        if "lora_B" in name: torch.nn.init.normal_(p)  # B = 0 at the start would fold into nothing
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad(): logits = model(ids).logits  # (1, 4, V) with the adapters on
+    with pytest.raises(KeyboardInterrupt):
+        with merged_lora(model) as folded:
+            assert folded
+            raise KeyboardInterrupt  # Stop pressed while the sampler runs on the folded weights
+    for name, p in model.named_parameters(): torch.testing.assert_close(p, before[name], rtol=0, atol=0)
+    with torch.no_grad(): torch.testing.assert_close(model(ids).logits, logits, rtol=0, atol=0)  # adapters back on
