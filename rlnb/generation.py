@@ -122,9 +122,9 @@ def _checked_ids(ids, limit: int | None, fn: str, where: str) -> list[int]:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral):
             raise TypeError(f"{fn}: {where}[{j}] is a {type(t).__name__}; token ids are ints")
         t = int(t)
-        if t < 0 or (limit is not None and t >= limit):
+        if not 0 <= t < (limit or 2**63):  # a vocabulary of unknown size: at least torch's int64 bounds it
             shown = str(t) if t.bit_length() <= 64 else f"an integer of {t.bit_length()} bits"
-            vocab = f"ids 0 to {limit - 1}" if limit is not None else "ids from 0"
+            vocab = f"ids 0 to {limit - 1}" if limit is not None else "ids from 0 (and below 2**63)"
             raise ValueError(f"{fn}: {where}[{j}] is {shown}, not a token id: the model's vocabulary has {vocab} "
                              "(ids made by another tokenizer?)")
         out.append(t)

@@ -128,3 +128,67 @@ def test_vllm_generator_without_a_model_checks_at_once():
         create_vllm_generator(enforce_eager="yes")
     with pytest.raises(ValueError, match=r"VLLMGenerator: `gpu_memory_utilization` must be a number in \(0, 1\]"):
         create_vllm_generator(gpu_memory_utilization=2)
+
+
+# --- 7. a disk that fills during a checkpoint ------------------------------------------------------------------------
+def _failing(kind):
+    "A writer that fails as safetensors or torch does when the disk fills, or with a plain OSError."
+    from safetensors import SafetensorError
+    def writer(*args, **kwargs):
+        if kind == "safetensors":
+            raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                                  'space left on device" })')
+        if kind == "torch":
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
+                               "data/0: file write failed")
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+    return writer
+
+
+@pytest.mark.parametrize("kind, module, name, code", [
+    ("safetensors", "safetensors.torch", "save_model", errno.ENOSPC),
+    ("torch", "torch", "save", errno.ENOSPC),
+    ("quota", "safetensors.torch", "save_model", errno.EDQUOT)])
+def test_disk_full_during_a_checkpoint(kind, module, name, code, tmp_path, monkeypatch):
+    import importlib, shutil
+    from rlnb.checkpoints import load_checkpoint, save_checkpoint
+    from rlnb.step import create_training_state
+    state = create_training_state(model(), small())
+    save_checkpoint(state._replace(iteration=3, global_step=3), tmp_path / "ckpt")
+    monkeypatch.setattr(importlib.import_module(module), name, _failing(kind))
+    usage = shutil.disk_usage  # torch's message does not say why: a disk with 1 byte free does
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(p)._replace(free=1))
+    with pytest.raises(OSError) as info:
+        save_checkpoint(state._replace(iteration=4, global_step=4), tmp_path / "ckpt")
+    monkeypatch.undo()
+    message = str(info.value)
+    assert info.value.errno == code
+    assert f"writing the checkpoint {tmp_path / 'ckpt'} failed ({__import__('os').strerror(code)})" in message, message
+    assert "the checkpoint needs about " in message and "MiB; 0.0 MiB are free there" in message, message
+    assert "the previous checkpoint there is intact (iteration 3, step 3)" in message, message
+    assert load_checkpoint(tmp_path / "ckpt", model()).iteration == 3  # and it loads
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary folder left
+
+
+# --- 6. two trainings in threads of one process ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_second_training_in_another_thread_is_refused():
+    started, release, outcome = threading.Event(), threading.Event(), {}
+    def hold(state, stats):  # the first run's logger: it waits while the second one tries to start
+        started.set()
+        release.wait(30)
+    def first():
+        try: outcome["first"] = run(logger=hold).iteration
+        except Exception as e: outcome["first"] = e
+    thread = threading.Thread(target=first, name="first-run")
+    thread.start()
+    assert started.wait(60)
+    try:
+        with pytest.raises(RuntimeError, match="train: another training is running in this process "
+                                               r"\(thread 'first-run', started .*output_dir=None\); two trainings"):
+            run()
+    finally:
+        release.set()
+        thread.join(60)
+    assert outcome["first"] == 1  # the first run was not disturbed
+    assert run().iteration == 1  # and once it returned, a training starts again
