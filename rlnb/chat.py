@@ -6,29 +6,48 @@ Docs: https://rlnb.github.io/rlnb/chat.html.md"""
 
 # %% ../nbs/15_chat.ipynb #039ccda0
 from __future__ import annotations
-import operator
+import operator, reprlib
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .core import Conversation, Message
 
 # %% auto #0
-__all__ = ['as_conversation', 'apply_chat_template', 'format_prompt', 'ParsedThinking', 'parse_thinking']
+__all__ = ['MESSAGE_ROLES', 'as_conversation', 'apply_chat_template', 'format_prompt', 'ParsedThinking', 'parse_thinking']
 
 # %% ../nbs/15_chat.ipynb #db6a7882
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")  # the roles a Message may have
+
+
+def _checked_messages(messages, fn: str, name: str) -> tuple:
+    "`messages` as a tuple of Messages, each with a role of MESSAGE_ROLES; else an error naming the entry."
+    for i, m in enumerate(messages):
+        if not isinstance(m, Message):
+            raise TypeError(f"{fn}: {name}[{i}] must be a Message, got {reprlib.repr(m)}")
+        if not isinstance(m.role, str) or m.role not in MESSAGE_ROLES:
+            raise ValueError(f"{fn}: {name}[{i}] has role {reprlib.repr(m.role)}; a message's role is one of "
+                             f"{', '.join(map(repr, MESSAGE_ROLES))}")
+    return tuple(messages)
+
+
 def as_conversation(
     conversation,  # a Conversation, or a list of Messages or {"role": ..., "content": ...} dicts
     fn: str,  # the caller's name, for the error message
     name: str = "conversation",  # the caller's name for the argument, for the error message
 ) -> Conversation:
-    "`conversation` as a Conversation (from a list of Messages or role/content dicts); else a TypeError naming it."
-    if isinstance(conversation, Conversation): return conversation
+    "`conversation` as a Conversation (from a list of Messages or role/content dicts), every role known; else an error."
+    if isinstance(conversation, Conversation):
+        if not isinstance(conversation.messages, (list, tuple)):
+            raise TypeError(f"{fn}: `{name}.messages` must be a tuple of Messages, "
+                            f"got {type(conversation.messages).__name__}")
+        _checked_messages(conversation.messages, fn, f"`{name}`.messages")
+        return conversation
     if isinstance(conversation, (list, tuple)):
         msgs = []
         for i, m in enumerate(conversation):
             if isinstance(m, Message): msgs.append(m)
             elif isinstance(m, dict) and "role" in m and "content" in m: msgs.append(Message(m["role"], m["content"]))
             else: raise TypeError(f"{fn}: {name}[{i}] must be a Message or a dict with 'role' and 'content', got {m!r}")
-        return Conversation(tuple(msgs))
+        return Conversation(_checked_messages(msgs, fn, name))
     raise TypeError(f"{fn}: `{name}` must be a Conversation or a list of messages, got {type(conversation).__name__}")
 
 # %% ../nbs/15_chat.ipynb #db6a7803

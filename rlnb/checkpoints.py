@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/checkpoints.html.md"""
 
 # %% ../nbs/41_checkpoints.ipynb #fa59311b
 from __future__ import annotations
-import json, os, random, reprlib, shutil, tempfile, uuid, warnings
+import errno, json, os, random, re, reprlib, shutil, tempfile, uuid, warnings
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -157,6 +157,58 @@ def _recover(path: Path) -> None:
         else: _remove_checkpoint(p)
 
 # %% ../nbs/41_checkpoints.ipynb #e5e9864c
+_DISK_WORDS = {"No space left on device": errno.ENOSPC, "StorageFull": errno.ENOSPC,  # as the OS and Rust say it
+               "Disk quota exceeded": errno.EDQUOT, "QuotaExceeded": errno.EDQUOT,
+               "Read-only file system": errno.EROFS, "ReadOnlyFilesystem": errno.EROFS}
+_WRITE_FAILED = ("file write failed", "unexpected pos")  # torch's zip writer, which does not say why
+
+
+def _checkpoint_bytes(state: TrainingState) -> int | None:
+    "About how many bytes a checkpoint of `state` takes: weights (adapters only under LoRA), optimizer state; or None."
+    try:
+        if is_peft_model(state.model):
+            from peft import get_peft_model_state_dict
+            tensors = list(get_peft_model_state_dict(state.model).values())
+        else: tensors = list({t.data_ptr(): t for t in state.model.state_dict().values()}.values())  # tied: once
+        if state.value_head is not None: tensors += list(state.value_head.state_dict().values())
+        moments = getattr(state.optimizer, "state", None) or {}
+        tensors += [v for s in moments.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+    except Exception: return None  # an estimate only: a state it cannot read leaves the message without it
+
+
+def _write_errno(e: BaseException, needed: int | None, free: int | None) -> int | None:
+    "The OS error number behind a failed write (safetensors and torch wrap it in errors of their own), or None."
+    while e is not None:
+        if isinstance(e, OSError): return e.errno or errno.EIO
+        text = str(e)
+        found = next((code for words, code in _DISK_WORDS.items() if words in text), None)
+        code = re.search(r"Os \{ code: (\d+)", text)  # Rust's io::Error, as safetensors prints it
+        if found or code: return found or int(code.group(1))
+        if any(words in text for words in _WRITE_FAILED):
+            return errno.ENOSPC if None not in (free, needed) and free < needed else errno.EIO
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _write_failure(e: BaseException, state: TrainingState, path: Path) -> OSError | None:
+    "A clear OSError for a save that failed writing (naming the folder, the bytes, what is kept); None if not a write."
+    needed = _checkpoint_bytes(state)
+    try: free = shutil.disk_usage(path.parent).free
+    except OSError: free = None
+    code = _write_errno(e, needed, free)
+    if code is None: return None
+    why = os.strerror(code) if code != errno.EIO else f"{type(e).__name__}: {str(e)[:200]}"
+    sizes = [f"the checkpoint needs about {needed / 2**20:.1f} MiB" if needed is not None else None,
+             f"{free / 2**20:.1f} MiB are free there" if free is not None else None]
+    space = "".join(f"; {s}" for s in sizes if s)
+    at = _position(path) if _complete(path) else None
+    kept = (f"the previous checkpoint there is intact (iteration {at[0]}, step {at[1]})" if at is not None
+            else "there was no previous checkpoint there")
+    return OSError(code, f"save_checkpoint: writing the checkpoint {path} failed ({why}){space}; {kept}. Free some "
+                         "space (or choose another output_dir) and save again")
+
+
 def save_checkpoint(
     state: TrainingState,  # the run to save
     path: str | Path,  # the checkpoint directory (replaced if it exists)
@@ -183,9 +235,8 @@ def save_checkpoint(
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not path.exists(): os.rename(old, path)  # put the previous checkpoint back
-        if isinstance(e, OSError) and str(path) not in str(e):  # e.g. the disk is full: say where, and what is kept
-            raise OSError(e.errno, f"save_checkpoint: writing the checkpoint {path} failed ({e.strerror or e}); "
-                                   "the previous checkpoint there, if any, is kept") from e
+        failure = _write_failure(e, state, path) if isinstance(e, Exception) else None
+        if failure is not None and str(path) not in str(e): raise failure from e  # e.g. the disk is full
         raise
     _remove_checkpoint(old)
     return path

@@ -473,6 +473,19 @@ def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
                                  f"but token_ids has {len(r.token_ids)}")
 
 
+def _id_tensor(ids, where: str) -> Tensor:
+    "Token ids as a long tensor; a value that is no token id (negative, past int64, not a number) named with `where`."
+    try: out = torch.as_tensor(list(ids), dtype=torch.long)
+    except (OverflowError, RuntimeError, TypeError, ValueError) as e:  # 2**70: "Python int too large to convert"
+        raise ValueError(f"collate: {where} holds a value that is not a token id ({type(e).__name__}: "
+                         f"{str(e)[:100]}); token ids are ints from 0 to the vocabulary's size - 1") from None
+    if out.numel() and int(out.min()) < 0:
+        j = int((out < 0).nonzero()[0])
+        raise ValueError(f"collate: {where}[{j}] is {int(out[j])}; token ids are ints from 0 to the vocabulary's "
+                         "size - 1")
+    return out
+
+
 def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
     "Rewards as (B,) or (B, K), checking every rollout agrees on the shape."
     vals = [r.rewards.tolist() if isinstance(r.rewards, Tensor) else r.rewards for r in rollouts]
@@ -546,9 +559,9 @@ def collate(
     "Pad rollouts into training tensors: prompts left-padded to P, completions right-padded to C."
     if isinstance(rollouts, Batch): rollouts = rollouts.rollouts
     _check_rollouts(rollouts, pad_token_id)
-    long = lambda xs: torch.as_tensor(list(xs), dtype=torch.long)
-    prompt = _pad([long(r.prompt_token_ids) for r in rollouts], pad_token_id, left=True)  # (B, P)
-    comp = [long(r.token_ids) for r in rollouts]
+    prompt = _pad([_id_tensor(r.prompt_token_ids, f"rollouts[{i}].prompt_token_ids") for i, r in enumerate(rollouts)],
+                  pad_token_id, left=True)  # (B, P)
+    comp = [_id_tensor(r.token_ids, f"rollouts[{i}].token_ids") for i, r in enumerate(rollouts)]
     completion_ids = _pad(comp, pad_token_id, min_len=1)  # (B, C)
     B, C = completion_ids.shape
     lengths = torch.tensor([len(c) for c in comp])  # (B,)

@@ -6,19 +6,20 @@ Docs: https://rlnb.github.io/rlnb/engines.html.md"""
 
 # %% ../nbs/47_engines.ipynb #cfe58890
 from __future__ import annotations
-import contextlib, logging, os, random, tempfile, time, warnings
+import contextlib, logging, math, os, random, reprlib, tempfile, time, warnings
 from typing import Sequence
 
 import torch
 import transformers
 
 from .core import Generation, GenerationConfig, is_peft_model
-from .generation import _check_generation_config, _stop_string_cut, encode_prompts, eos_token_ids, merged_lora
+from .generation import (_check_generation_config, _stop_string_cut, encode_prompts, eos_token_ids, merged_lora,
+                             token_id_limit)
 from .mismatch import sampler_copy
 
 # %% auto #0
-__all__ = ['VLLM_INSTALL', 'import_vllm', 'policy_weights', 'create_vllm_engine', 'sync_weights', 'sampling_params',
-           'engine_generations', 'VLLMGenerator', 'create_vllm_generator']
+__all__ = ['VLLM_INSTALL', 'import_vllm', 'policy_weights', 'check_engine_options', 'create_vllm_engine', 'sync_weights',
+           'sampling_params', 'engine_generations', 'VLLMGenerator', 'create_vllm_generator']
 
 # %% ../nbs/47_engines.ipynb #efb3fbdd
 VLLM_INSTALL = "bash scripts/install.sh vllm"  # makes .venv-vllm, where vLLM works (the CPU build without CUDA)
@@ -83,6 +84,65 @@ def _quiet_start():
         os.close(saved_stderr)
         if bars: transformers.utils.logging.enable_progress_bar()
 
+# %% ../nbs/47_engines.ipynb #07408732
+_ENGINE_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+_ENGINE_COUNTS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_logprobs")  # ints >= 1
+_ENGINE_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # ints, 1 to the GPUs
+_ENGINE_FLAGS = ("enforce_eager", "enable_prefix_caching", "enable_sleep_mode", "trust_remote_code", "enable_lora")
+_ENGINE_OWN = ("tokenizer", "skip_tokenizer_init")  # set by rlnb: token ids in and out, rlnb's tokenizer on both sides
+
+
+def _engine_memory() -> tuple[int | None, str]:
+    "(bytes, what) of the memory an engine's cache lives in: the first GPU's, else the machine's (None: unknown)."
+    if torch.cuda.is_available(): return torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+    try: return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the machine's memory"
+    except (ValueError, OSError, AttributeError): return None, "memory"
+
+
+def _engine_sizes(options: dict, model, fn: str) -> None:
+    "The engine's memory and length arguments within what the machine and the model have."
+    memory, where = _engine_memory()
+    limit = lambda unit: "" if memory is None else f" up to {memory // unit} ({where})"
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    whole = lambda v: isinstance(v, int) and not isinstance(v, bool)
+    def need(name, ok, expected):
+        if options.get(name) is not None and not ok(options[name]):
+            raise ValueError(f"{fn}: `{name}` must be {expected}, got {reprlib.repr(options[name])}")
+    need("kv_cache_memory_bytes", lambda v: whole(v) and 2**20 <= v <= (memory or v),
+         f"an int of bytes from 2**20 (1 MiB){limit(1)}")
+    need("gpu_memory_utilization", lambda v: number(v) and 0 < v <= 1, "a number in (0, 1], a share of the memory")
+    for name in ("swap_space", "cpu_offload_gb"):
+        need(name, lambda v: number(v) and 0 <= v <= (memory or 2**60) / 2**30, f"a number of GiB >= 0{limit(2**30)}")
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    need("max_model_len", lambda v: whole(v) and 1 <= v <= (positions or v),
+         "an int >= 1" + (f" and at most the model's {positions} positions" if positions else ""))
+    need("seed", lambda v: whole(v) and 0 <= v < 2**32, "an int from 0 to 2**32 - 1 (vLLM seeds numpy with it)")
+
+
+def check_engine_options(
+    options: dict,  # create_vllm_engine's arguments: dtype, kv_cache_memory_bytes, seed and any vllm.LLM argument
+    model=None,  # the policy, if known (its positions bound max_model_len)
+    fn: str = "create_vllm_engine",  # the caller's name, for messages
+) -> None:
+    "Each vLLM engine argument rlnb knows the range of, checked before vLLM starts: one out of range is named."
+    own = [k for k in _ENGINE_OWN if k in options]
+    if own: raise ValueError(f"{fn}: `{own[0]}` is set by rlnb (the engine reads and writes token ids; rlnb's "
+                             "tokenizer does the text); leave it out")
+    dtype = options.get("dtype", "float32")
+    floats = (torch.float32, torch.bfloat16, torch.float16)
+    if not (isinstance(dtype, str) and dtype in _ENGINE_DTYPES or isinstance(dtype, torch.dtype) and dtype in floats):
+        raise ValueError(f"{fn}: `dtype` must be one of {', '.join(map(repr, _ENGINE_DTYPES))}, got {dtype!r}")
+    _engine_sizes(options, model, fn)
+    gpus = max(1, torch.cuda.device_count())
+    for name in _ENGINE_COUNTS + _ENGINE_PARALLEL:
+        v, most = options.get(name), gpus if name in _ENGINE_PARALLEL else None
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1 or (most and v > most)):
+            where = f" and at most {most}, the GPUs of this machine" if most else ""
+            raise ValueError(f"{fn}: `{name}` must be an int >= 1{where}, got {reprlib.repr(v)}")
+    for name in _ENGINE_FLAGS:
+        if name in options and not isinstance(options[name], bool):
+            raise TypeError(f"{fn}: `{name}` must be True or False, got {reprlib.repr(options[name])}")
+
 # %% ../nbs/47_engines.ipynb #202ac0ea
 def create_vllm_engine(
     model,  # the policy (transformers or peft); its current weights, LoRA merged, go into the engine
@@ -92,6 +152,7 @@ def create_vllm_engine(
     **options,  # any other `vllm.LLM` argument (max_model_len, max_num_seqs, enable_prefix_caching, ...)
 ):  # a vllm.LLM
     "A `vllm.LLM` in this process holding the policy's current weights, reading token-id prompts (no tokenizer)."
+    check_engine_options(dict(dtype=dtype, kv_cache_memory_bytes=kv_cache_memory_bytes, seed=seed, **options), model)
     vllm = import_vllm()
     from vllm.platforms import current_platform
     base = model.get_base_model() if is_peft_model(model) else model
@@ -200,6 +261,7 @@ class VLLMGenerator:
     "rlnb's `generator` hook backed by a vLLM engine: each call syncs the policy's current weights, then samples."
     def __init__(self, model=None, sleep: bool = False, **engine_options):  # options: create_vllm_engine's
         if not isinstance(sleep, bool): raise TypeError(f"VLLMGenerator: `sleep` must be a bool, got {sleep!r}")
+        check_engine_options(engine_options, model, "VLLMGenerator")  # now, not when the first call builds the engine
         if sleep: _check_sleep_mode("VLLMGenerator")
         self.engine_options = {**engine_options, **({"enable_sleep_mode": True} if sleep else {})}
         self.sleep, self.llm, self.timings = sleep, None, []
@@ -221,7 +283,7 @@ class VLLMGenerator:
         "Sync `model`'s weights into the engine, then sample n completions per prompt: prompt-major Generations."
         fn = "VLLMGenerator"
         config = _check_generation_config(GenerationConfig() if config is None else config, fn)
-        prompt_ids = encode_prompts(tokenizer, list(prompts), fn)
+        prompt_ids = encode_prompts(tokenizer, list(prompts), fn, token_id_limit(model, tokenizer))
         start = time.perf_counter()
         if self.llm is None: self.llm = self._build(model)
         timing = {"build_s": time.perf_counter() - start}

@@ -16,10 +16,11 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 from .core import Generation, GenerationConfig, is_peft_model, model_device, pad_token_id
 
 # %% auto #0
-__all__ = ['INVERSE_CDF_MIN_VOCAB', 'left_pad', 'eos_token_ids', 'encode_prompts', 'generation_mode', 'forward_parameters',
-           'logits_to_keep_argument', 'kv_cache_argument', 'output_cache', 'position_ids', 'distinct_prompts',
-           'select_cache_rows', 'prefill_prompts', 'can_share_prompts', 'merged_lora', 'generate_rows',
-           'generate_micro_batch', 'batch_generate', 'generate', 'generate_with_logprobs']
+__all__ = ['INVERSE_CDF_MIN_VOCAB', 'LOGPROB_SLACK', 'left_pad', 'eos_token_ids', 'token_id_limit', 'encode_prompts',
+           'generation_mode', 'forward_parameters', 'logits_to_keep_argument', 'kv_cache_argument', 'output_cache',
+           'position_ids', 'distinct_prompts', 'select_cache_rows', 'prefill_prompts', 'can_share_prompts',
+           'merged_lora', 'generate_rows', 'generate_micro_batch', 'check_generations', 'batch_generate', 'generate',
+           'generate_with_logprobs']
 
 # %% ../nbs/20_generation.ipynb #099f8d74
 def left_pad(
@@ -103,19 +104,49 @@ def eos_token_ids(
     return sorted({int(i) for i in ids if i is not None})
 
 # %% ../nbs/20_generation.ipynb #c9a01573
+def token_id_limit(
+    model,  # the model the ids are for (None: not known)
+    tokenizer,  # its tokenizer
+) -> int | None:  # ids run from 0 to this - 1; None when neither says
+    "How many token ids a model reads: its input embedding's rows, else the tokenizer's length."
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if isinstance(rows, int): return rows
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else None
+
+
+def _checked_ids(ids, limit: int | None, fn: str, where: str) -> list[int]:
+    "`ids` as a list of ints, each 0 <= id < limit; else an error naming `where`, the position and the vocabulary."
+    out = []
+    for j, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"{fn}: {where}[{j}] is a {type(t).__name__}; token ids are ints")
+        t = int(t)
+        if not 0 <= t < (limit or 2**63):  # a vocabulary of unknown size: at least torch's int64 bounds it
+            shown = str(t) if t.bit_length() <= 64 else f"an integer of {t.bit_length()} bits"
+            vocab = f"ids 0 to {limit - 1}" if limit is not None else "ids from 0 (and below 2**63)"
+            raise ValueError(f"{fn}: {where}[{j}] is {shown}, not a token id: the model's vocabulary has {vocab} "
+                             "(ids made by another tokenizer?)")
+        out.append(t)
+    return out
+
+
 def encode_prompts(
     tokenizer,  # the model's tokenizer
     prompts: Sequence,  # texts (already formatted) or token-id lists (1-d tensors too)
     fn: str,  # the caller's name, for error messages
+    limit: int | None = None,  # ids given must be below this (`token_id_limit`); None = the tokenizer's length
 ) -> list[list[int]]:
     "Token ids of each prompt (text or ids), texts in one tokenizer call; no second BOS when a text starts with one."
     out: list = [None] * len(prompts)
     texts = {True: [], False: []}  # add_special_tokens -> indices of the texts that get it
+    limit = token_id_limit(None, tokenizer) if limit is None else limit
     for i, p in enumerate(prompts):
         if isinstance(p, str): texts[not (tokenizer.bos_token and p.startswith(tokenizer.bos_token))].append(i)
-        elif isinstance(p, Tensor) and p.dim() == 1: out[i] = p.tolist()
+        elif isinstance(p, Tensor) and p.dim() == 1 and not p.is_floating_point():
+            out[i] = _checked_ids(p.tolist(), limit, fn, f"prompts[{i}]")
         elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            out[i] = list(p)
+            out[i] = _checked_ids(p, limit, fn, f"prompts[{i}]")
         else: raise TypeError(f"{fn}: prompts[{i}] must be a str or a list of token ids, got {type(p).__name__}")
     for add_special, idx in texts.items():
         if idx:
@@ -394,7 +425,22 @@ def generate_micro_batch(
     return gens, out, attention_mask
 
 # %% ../nbs/20_generation.ipynb #00bf3f60
-def _check_generation(g, k: int, n: int, fn: str) -> None:
+LOGPROB_SLACK = 1e-3  # a sampler's log-prob may exceed 0 by this much (rounding of a probability near 1), not more
+
+
+def _check_logprobs(logprobs, fn: str, where: str) -> None:
+    "A sampler's log-probs: numbers, finite, none above 0 by more than LOGPROB_SLACK; else an error naming the token."
+    for j, v in enumerate(logprobs):
+        try: value = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"{fn}: {where}: logprobs[{j}] is a {type(v).__name__}; log-probs are numbers") from None
+        if not math.isfinite(value) or value > LOGPROB_SLACK:
+            raise ValueError(f"{fn}: {where}: logprobs[{j}] is {value!r}; the log-probability of a sampled token is "
+                             f"finite and <= 0 (up to {LOGPROB_SLACK} of rounding): is the generator returning "
+                             "logits, probabilities or another model's numbers?")
+
+
+def _check_generation(g, k: int, n: int, fn: str, limit: int | None = None) -> None:
     "A custom generator's k-th result: a Generation with its text, token ids and (if any) one log-prob per token."
     where = f"`generator`'s result {k} (prompt {k // n}, sample {k % n})"
     if not isinstance(g, Generation):
@@ -406,8 +452,22 @@ def _check_generation(g, k: int, n: int, fn: str) -> None:
     if ids is None or isinstance(ids, (str, bytes)) or not all(is_id(t) for t in ids):
         raise ValueError(f"{fn}: {where} has token_ids={reprlib.repr(ids)}; rlnb trains on the sampled token ids: "
                          "return them as a list of ints")
+    _checked_ids(ids, limit, fn, f"{where}: token_ids")
     if g.logprobs is not None and len(g.logprobs) != len(ids):
         raise ValueError(f"{fn}: {where}: {len(g.logprobs)} logprobs for {len(ids)} token ids: one per token, or None")
+    if g.logprobs is not None: _check_logprobs(g.logprobs, fn, where)
+
+
+def check_generations(
+    generations: Sequence,  # what a custom generator returned: n Generations per prompt, prompt-major
+    model,  # the policy the ids are for (its vocabulary)
+    tokenizer,  # its tokenizer
+    n: int,  # samples per prompt
+    fn: str,  # the caller's name, for error messages
+) -> None:
+    "A custom generator's results: Generations with text, ids of the model's vocabulary and finite log-probs <= 0."
+    limit = token_id_limit(model, tokenizer)
+    for k, g in enumerate(generations): _check_generation(g, k, n, fn, limit)
 
 
 def _check_context(model, encoded: list[list[int]], max_new_tokens: int, fn: str) -> None:
@@ -447,10 +507,10 @@ def batch_generate(
         if len(out) != len(prompts) * n:
             raise ValueError(f"{fn}: `generator` returned {len(out)} generations, "
                              f"expected {len(prompts) * n} ({len(prompts)} prompts x {n})")
-        for k, g in enumerate(out): _check_generation(g, k, n, fn)
+        check_generations(out, model, tokenizer, n, fn)
         return out
     pad_id, eos_ids = pad_token_id(tokenizer, fn), eos_token_ids(model, tokenizer)
-    encoded = encode_prompts(tokenizer, prompts, fn)
+    encoded = encode_prompts(tokenizer, prompts, fn, token_id_limit(model, tokenizer))
     _check_context(model, encoded, config.max_new_tokens, fn)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths share a micro-batch
     per_prompt: list = [None] * len(prompts)

@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from .core import (Batch, Conversation, Generation, GenerationConfig, Message, Rollout, TrainingConfig,
                        check_tool_calls, pad_token_id)
-from .chat import apply_chat_template
+from .chat import apply_chat_template, as_conversation
 from .generation import (can_share_prompts, encode_prompts, eos_token_ids, generate_micro_batch, generate_rows,
                              generation_mode, output_cache, select_cache_rows, batch_generate, left_pad)
 from .tools import (each_tool_result, parse_function_call, loads_model_json, tool_error, tool_runner,
@@ -258,9 +258,27 @@ def _checked_step(env: Environment, out, where: str) -> EnvStep:
     bad = next((m for m in msgs if not isinstance(m, Message)), None) if isinstance(msgs, (tuple, list)) else msgs
     if bad is not None:
         raise TypeError(f"{where} must return EnvStep.messages as a tuple of Messages, got {bad!r}"[:300])
+    as_conversation(msgs, where, "EnvStep.messages")  # each role one a chat template knows
     if isinstance(out.reward, bool) or not isinstance(out.reward, (int, float)) or not math.isfinite(out.reward):
         raise ValueError(f"{where} returned reward {out.reward!r}; expected a finite number")
     return out
+
+
+def _same_kind(e: Exception, message: str) -> Exception:
+    "An exception of `e`'s type saying `message` (a RuntimeError where that type is not made from one message)."
+    try: new = type(e)(message)
+    except Exception: return RuntimeError(message)
+    return new if str(new) == message else RuntimeError(message)  # KeyError would quote it
+
+
+def _env_call(env: Environment, method: str, where: str, *args):
+    "`env.reset(*args)` or `env.step(*args)`; what it raises comes back naming the environment, method and episode."
+    f = getattr(env, method)
+    try: return f(*args)
+    except Exception as e:  # its type kept where it can be (a ValueError stays one), the original chained
+        label = getattr(f, "__qualname__", type(f).__name__)
+        raise _same_kind(e, f"create_multiturn_rollout: env {env.name!r} {method} ({label}) raised on {where}: "
+                            f"{type(e).__name__}: {str(e)[:500]}") from e
 
 # %% ../nbs/51_multiturn.ipynb #9dad2f47
 @dataclass
@@ -443,7 +461,7 @@ def _take_turn(e: _Episode, g: Generation, env: Environment, turn: int, last_tur
         e.finish = "length"
         return
     where = f"prompt {e.prompt_index}, sample {e.sample_index}, turn {turn}"
-    step = _checked_step(env, env.step(e.state, e.conversation), where)
+    step = _checked_step(env, _env_call(env, "step", where, e.state, e.conversation), where)
     e.add_step(step, reason, len(ids))
     if step.done or (stop_condition is not None and stop_condition(e.conversation)): e.finish = "stop"
     elif last_turn: e.finish = "max_turns"
@@ -479,7 +497,8 @@ def create_multiturn_rollout(
     render = lambda conv: apply_chat_template(conv, tokenizer, template_fn=template_fn)
     eos_ids, limit = set(eos_token_ids(model, tokenizer)), _context_limit(model, tokenizer)
     room = lambda e: min(limit - len(prompt_ids[e.prompt_index]) - len(e.ids), (max_total_tokens or 10**8) - len(e.ids))
-    episodes = [_Episode(i, k, convs[i], texts[i], env.reset(convs[i], answers[i]) if env.reset else None)
+    reset = lambda i, k: _env_call(env, "reset", f"prompt {i}, sample {k}", convs[i], answers[i]) if env.reset else None
+    episodes = [_Episode(i, k, convs[i], texts[i], reset(i, k))
                 for i in range(len(texts))
                 for k in range(gen_config.num_return_sequences)]  # prompt-major, like create_batch_rollouts
     sample = _turn_sampler(model, tokenizer, gen_config, prompt_ids, episodes, generator, batch_size)

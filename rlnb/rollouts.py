@@ -16,7 +16,7 @@ from torch import Tensor
 from .tasks import TaskExample
 from .core import (CONFIG_MAXIMA, Batch, Conversation, GenerationConfig, Message, Rollout, TrainingConfig,
                        TrainingState, check_seed, check_tool_calls, collate, model_device, pad_token_id)
-from .chat import format_prompt
+from .chat import as_conversation, format_prompt
 from .generation import batch_generate
 from .logprobs import compute_logprobs_for_tokens
 from .kl import compute_per_token_kl, get_reference_logprobs
@@ -48,6 +48,7 @@ def check_ordered(
 def _prompt_input(p, answer, tokenizer, system_prompt: str | None, template_fn: Callable | None, i: int, fn: str):
     "One prompt as (formatted text, question as asked, answer, starting conversation)."
     if isinstance(p, Conversation):
+        as_conversation(p, fn, f"prompts[{i}]")  # its messages and their roles, named by the prompt's place
         if answer is None: answer = (p.metadata or {}).get("answer")
         question = next((m.content for m in reversed(p.messages) if m.role == "user"), "")
         return format_prompt(p, tokenizer, template_fn=template_fn), question, answer, p

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .core import (Batch, CollatedBatch, Conversation, Generation, Message, Rollout, TrainingConfig,
                        create_training_config)
-from .chat import apply_chat_template, format_prompt
+from .chat import apply_chat_template, as_conversation, format_prompt
 from .loggers import metrics_record
 from .training import train
 
@@ -108,6 +108,7 @@ def _check_examples(
         raise ValueError("sft: `examples` must be a non-empty list of (prompt, answer) pairs, records or Conversations")
     for i, e in enumerate(examples):  # checked up front: a bad example found mid-run would waste the steps before it
         if isinstance(e, Conversation):
+            as_conversation(e, "sft", f"examples[{i}]")  # every message's role known
             if not any(m.role == "assistant" for m in e.messages):
                 raise ValueError(f"sft: examples[{i}] is a Conversation without an assistant message; "
                                  "there is nothing to learn from")

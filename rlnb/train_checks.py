@@ -12,6 +12,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from .core import Generation, TrainingConfig, TrainingState, warn_unsaved_checkpoints
+from .generation import check_generations
 from .mismatch import ROLLOUT_CORRECTIONS, check_rollout_correction
 
 # %% auto #0
@@ -125,13 +126,14 @@ def _warn_text_mismatch(out: list, tokenizer, fn: str = "train") -> None:
 
 # %% ../nbs/70_train_checks.ipynb #381ffd85
 def checked_generator(generator: Callable | None, fn: str = "train") -> Callable | None:
-    "`generator` with its result checked by `_checked_generations`; its text against its tokens on the first call."
+    "`generator` with its result checked (lengths, ids, log-probs); its text against its tokens on the first call."
     if generator is None: return None
     first_call = True
     @functools.wraps(generator)
     def checked(model, tokenizer, prompts, config):
         nonlocal first_call
         out = _checked_generations(generator(model, tokenizer, prompts, config), config.max_new_tokens, fn)
+        check_generations(out, model, tokenizer, config.num_return_sequences, fn)  # ids in the vocabulary, log-probs
         if first_call: _warn_text_mismatch(out, tokenizer, fn)  # once: decoding every batch would cost each step
         first_call = False
         return out

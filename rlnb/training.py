@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/42_training.ipynb #8ab4962a
 from __future__ import annotations
-import concurrent.futures, contextlib, reprlib, time, warnings
+import concurrent.futures, contextlib, os, reprlib, threading, time, warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -250,6 +250,31 @@ def _torch_threads(n: int):
     try: yield
     finally: torch.set_num_threads(before)
 
+# %% ../nbs/42_training.ipynb #253b5094
+_RUNNING: dict[tuple[int, int], str] = {}  # (process id, thread id) -> the train call running there, as text
+_RUNNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_training_per_process(config: TrainingConfig, fn: str = "train"):
+    "Run the block as this process's training; refuse it while a `train` runs in another thread (shared RNG, threads)."
+    me, pid = threading.get_ident(), os.getpid()
+    with _RUNNING_LOCK:
+        other = next((what for (p, thread), what in _RUNNING.items() if p == pid and thread != me), None)
+        if other is not None:
+            raise RuntimeError(f"{fn}: another training is running in this process ({other}); two trainings in "
+                               "threads of one process share torch's random state and thread count, so neither would "
+                               "be reproducible: run them one after the other, or each in its own process "
+                               "(rlnb.run_sweep, rlnb.ProcessPerRun)")
+        key = (pid, me)
+        outer = _RUNNING.get(key)  # a train inside a hook of another, in this thread: the outer one stays recorded
+        _RUNNING[key] = outer or (f"thread {threading.current_thread().name!r}, started "
+                                  f"{time.strftime('%H:%M:%S')}, output_dir={config.output_dir!r}")
+    try: yield
+    finally:
+        with _RUNNING_LOCK:
+            if outer is None: _RUNNING.pop(key, None)
+
 # %% ../nbs/42_training.ipynb #bf221e60
 def train(
     config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
@@ -303,7 +328,7 @@ def train(
         raise ValueError(f"{fn}: fsdp=True shards the model over several processes, but this is one; launch with "
                          "`torchrun --nproc_per_node N -m rlnb.cli train ...`, or set fsdp=False (a checkpoint of a "
                          "sharded run resumes in one process with fsdp=False)")
-    with output_lock(config, writer):  # one writer per output_dir, until train returns
+    with _one_training_per_process(config, fn), output_lock(config, writer):  # one writer per output_dir
         metrics_path, ckpt_path = output_paths(config, fn)
         dp.check_distributed_config(config)  # several processes: the same config everywhere, after each one's checks
         set_seed(config.seed)
