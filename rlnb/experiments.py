@@ -231,7 +231,7 @@ def _has_parameters_cell(notebook: Path) -> bool:
 def _check_request(where: str, notebook: Path, params: dict, check_params) -> None:
     "Everything that can be checked before a kernel starts; errors start with `where`."
     if not notebook.is_file(): raise FileNotFoundError(f"{where}: `notebook` {str(notebook)!r} does not exist")
-    if params and not _has_parameters_cell(notebook):  # papermill would put them above the first cell, to be overwritten
+    if params and not _has_parameters_cell(notebook):  # papermill would put them above the first cell: overwritten
         raise ValueError(f"{where}: `notebook` {str(notebook)!r} has no cell tagged `parameters`, so the values given "
                          "would be set before its first cell and then overwritten by its own; tag the cell that sets "
                          "its defaults `parameters`")
