@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/cache.html.md"""
 
 # %% ../nbs/11_cache.ipynb #146625bb
 from __future__ import annotations
-import contextlib, errno, importlib.resources, json, os, shutil, signal, socket, sys, tempfile, time, warnings
+import contextlib, errno, importlib.resources, json, os, re, shutil, signal, socket, sys, tempfile, time, warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,9 +14,53 @@ try: import fcntl  # POSIX file locks
 except ImportError: fcntl = None  # Windows: folder_lock only records its holder
 
 # %% auto #0
-__all__ = ['SHIPPED_DIR', 'LOCK_FILE', 'default_cache_dir', 'build_atomically', 'shipped_or_cached', 'write_atomically',
-           'loads_json', 'quiet_progress_bars', 'load_from_folder', 'FolderInUseError', 'lock_holder', 'folder_lock',
-           'die_with_parent']
+__all__ = ['SHIPPED_DIR', 'LOCK_FILE', 'sweep_dead_builds', 'default_cache_dir', 'build_atomically', 'shipped_or_cached',
+           'write_atomically', 'loads_json', 'quiet_progress_bars', 'load_from_folder', 'FolderInUseError',
+           'lock_holder', 'folder_lock', 'die_with_parent']
+
+# %% ../nbs/11_cache.ipynb #6879c7e2
+_DEAD_AFTER_S = 24 * 3600  # a temporary folder without a lock file (older rlnb), untouched this long: its build died
+_TEMP_NAME = re.compile(r"\..+\.tmp-[A-Za-z0-9_]{8}")  # what tempfile.mkstemp / mkdtemp name a build's temporary folder
+
+
+def _start_build(path: Path) -> tuple[Path, int]:
+    "(a new temporary sibling of `path`, the descriptor of its lock file): the lock is held while this process lives."
+    fd, lock = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=".lock", dir=path.parent)
+    if fcntl is not None:
+        with contextlib.suppress(OSError): fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no locks here: never swept
+    tmp = Path(lock.removesuffix(".lock"))
+    tmp.mkdir()
+    return tmp, fd
+
+
+def _builder_gone(lock: Path) -> bool:
+    "Whether nobody holds the lock file `lock` (its builder died); taken and let go again at once."
+    try: fd = os.open(lock, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError: return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError: return False  # held by a live build (or a filesystem without locks: nothing tells)
+    finally: os.close(fd)
+
+
+def sweep_dead_builds(
+    folder: str | os.PathLike,  # a cache folder, where `build_atomically` makes its temporary folders
+) -> list[Path]:  # the temporary folders removed
+    "Remove the temporary folders of builds in `folder` whose process is gone; a live build's folder is never touched."
+    folder, removed = Path(folder), []
+    if fcntl is None or not folder.is_dir(): return removed  # Windows: nothing tells a live build from a dead one
+    for tmp in folder.iterdir():
+        if not _TEMP_NAME.fullmatch(tmp.name) or tmp.is_symlink() or not tmp.is_dir(): continue
+        lock = tmp.with_name(tmp.name + ".lock")
+        if lock.exists(): dead = _builder_gone(lock)
+        else: dead = time.time() - tmp.stat().st_mtime > _DEAD_AFTER_S  # older rlnb's builds: no lock, no writes
+        if not dead: continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists(): continue  # not ours to remove (permissions): leave its lock file too
+        with contextlib.suppress(OSError): lock.unlink()
+        removed.append(tmp)
+    return removed
 
 # %% ../nbs/11_cache.ipynb #8bc44f7e
 def default_cache_dir(
@@ -39,9 +83,10 @@ def build_atomically(
 ) -> Path:
     "Build `path` unless complete, in a temporary sibling renamed into place: never half a folder. Returns `path`."
     path = Path(path)
+    sweep_dead_builds(path.parent)  # what killed builds left here
     if complete(path): return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))  # same filesystem: rename is atomic
+    tmp, lock_fd = _start_build(path)  # same filesystem: rename is atomic
     try:
         build(tmp)
         try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first
@@ -49,6 +94,8 @@ def build_atomically(
             if not complete(path): raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError): os.unlink(f"{tmp}.lock")
+        os.close(lock_fd)
     return path
 
 # %% ../nbs/11_cache.ipynb #ab78ebff

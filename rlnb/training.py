@@ -26,7 +26,7 @@ from .loggers import create_jsonl_logger, create_progress_logger
 from .checkpoints import save_checkpoint
 from .step import OneProcess, create_training_state, data_parallel, default_num_threads, is_metrics, training_step
 from .train_checks import check_train_arguments, checked_generator, checked_template_fn, warn_unused_hooks
-from .resume import output_lock, output_paths, resumed_state
+from .resume import output_lock, output_paths, resumed_state, run_start
 from .interrupts import SoftInterrupt
 
 # %% auto #0
@@ -159,13 +159,16 @@ def _run_task(config: TrainingConfig, hooks: dict, own_prompts: bool) -> Task | 
 
 
 def _first_state(config: TrainingConfig, initial_state: TrainingState | None, model, tokenizer,
-                 first: Mapping) -> tuple[TrainingState, Any]:
-    "(the run's first state, the config in its metadata; the tokenizer): `initial_state`, or built from `model`."
+                 first: Mapping, data) -> tuple[TrainingState, Any]:
+    "(the run's first state, its config and start in its metadata; the tokenizer): `initial_state`, or from `model`."
+    source = config.model if model is None and initial_state is None else "a model passed to train"
     if initial_state is None:
         policy, tokenizer = _build_policy(config, model, tokenizer)
         reference = is_peft_model(policy) or first.get("beta", 0) > 0
         initial_state = create_training_state(policy, config, reference=reference)
-    return initial_state._replace(metadata={**(initial_state.metadata or {}), "config": config}), tokenizer
+    start = run_start(initial_state.model, source, data, config)  # base model and prompts: resume compares them
+    metadata = {**(initial_state.metadata or {}), "config": config, "start": start}
+    return initial_state._replace(metadata=metadata), tokenizer
 
 # %% ../nbs/42_training.ipynb #63eef68a
 def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | None, task) -> tuple:
@@ -332,7 +335,8 @@ def train(
         metrics_path, ckpt_path = output_paths(config, fn)
         dp.check_distributed_config(config)  # several processes: the same config everywhere, after each one's checks
         set_seed(config.seed)
-        state, tokenizer = _first_state(config, initial_state, model, tokenizer, first)
+        data = prompts if own_prompts else task  # what the prompts come from: the run's start records it
+        state, tokenizer = _first_state(config, initial_state, model, tokenizer, first, data)
         teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
         needed_by = next((n for n, s in specs.items() if s.needs_teacher), None)  # opd: a teacher is required
         state = attach_teacher(state, tokenizer, teacher, needed_by, config.dtype, fn)  # chapter *KL*
