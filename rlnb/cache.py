@@ -85,8 +85,13 @@ def build_atomically(
     path = Path(path)
     sweep_dead_builds(path.parent)  # what killed builds left here
     if complete(path): return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, lock_fd = _start_build(path)  # same filesystem: rename is atomic
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp, lock_fd = _start_build(path)  # same filesystem: rename is atomic
+    except PermissionError as e:  # a read-only cache (a shared one, a container's): say which folder and what to do
+        raise PermissionError(e.errno, f"build_atomically: cannot build {str(path)!r}: {str(e.filename or path)!r} "
+                                       "is not writable by this user; point RLNB_CACHE (or `cache_dir`) at a folder "
+                                       "you may write") from e
     try:
         build(tmp)
         try: os.rename(tmp, path)  # replaces a missing or empty folder; fails if another process got there first

@@ -19,3 +19,11 @@ def test_a_model_name_neither_registered_nor_found_says_what_a_name_may_be(load,
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # offline as in CI, without the wait
     with pytest.raises(ValueError, match=r"'SMOLLM2' is not a registered model name \(.*smollm2.*tiny.*\), a local"):
         load("SMOLLM2")  # the registered name is lower-case; the hub has no such id (and is offline in CI)
+
+
+def test_a_read_only_cache_is_named_with_what_to_do(tmp_path, monkeypatch):
+    import rlnb.cache as cache
+    def read_only(path): raise PermissionError(13, "Permission denied", str(path.parent))  # as mkdtemp there would
+    monkeypatch.setattr(cache, "_start_build", read_only)
+    with pytest.raises(PermissionError, match=r"cannot build '.*/x': .* is not writable by this user; point RLNB_CACHE"):
+        cache.build_atomically(tmp_path / "x", lambda p: None, lambda p: False)
