@@ -481,7 +481,8 @@ def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: li
             if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
                 checkpoint_fn(state if ahead is None else ahead.saved_with(state))
             if done or stop: break
-    except Exception as e:  # several processes: a rank died (chapter *Several processes*, later) or not ours
+    except (Exception, KeyboardInterrupt) as e:  # several processes: a rank died or was interrupted (chapter
+        # *Several processes*, later): one line naming the checkpoint; else raised as it is
         failure = dp.rank_failure(e, under_way, config)
         if failure is None: raise
         raise failure from e
