@@ -201,6 +201,7 @@ _launcher = None  # the process that started this rank (torchrun), watched by _w
 def _stopped_by_launcher(signum, frame):
     "SIGTERM: torchrun stops every process once one has failed (_watch_launcher: once torchrun is gone). Raise."
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the launcher's later signals change nothing while we report
+    if _orphaned(): raise RankFailedError(f"rank {process_rank()} stopped: its launcher, process {_launcher}, is gone")
     raise RankFailedError(f"rank {process_rank()} was stopped by its launcher (SIGTERM)")
 
 
@@ -215,6 +216,11 @@ def _watch_launcher(launcher: int, every: float = 0.5) -> None:
     "Stop this rank (SIGTERM to itself) once `launcher` is gone: an orphan would train to the end, unseen."
     while os.getppid() == launcher: time.sleep(every)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _orphaned() -> bool:
+    "Whether the launcher that started this rank has died: the rank was handed to another parent."
+    return _launcher is not None and os.getppid() != _launcher
 
 
 def _catch_stops() -> None:
@@ -250,7 +256,7 @@ def _what_stopped(
     peer = f"rank {others[0]} of {world}" if len(others) == 1 else f"a rank of {world} (the launcher names it)"
     if isinstance(error, KeyboardInterrupt):
         return f"rank {me} of {world} was interrupted", "Ctrl-C or SIGINT: the other ranks stop with it"
-    if _launcher is not None and os.getppid() != _launcher:  # the launcher died: this rank was handed to another parent
+    if _orphaned():
         return f"rank {me} of {world} stopped", (f"its launcher, process {_launcher}, is gone, killed or crashed: "
                                                  "a rank left alone would train to the end unseen")
     if isinstance(error, RankFailedError):
