@@ -96,12 +96,29 @@ def init_distributed(
     start, collective = distributed_timeouts()  # a bad setting is refused before any waiting
     if backend is None: backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl": torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    try: dist.init_process_group(backend, timeout=datetime.timedelta(seconds=start))
-    except RuntimeError as e: raise _no_group(e, size, start) from e  # torch's DistStoreError, DistNetworkError
+    _join(backend, size, start)
     dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=collective))  # every collective call from now on
     atexit.register(close_distributed)
     _catch_stops()  # the launcher's SIGTERM, Ctrl-C, the launcher's death: errors `train` explains (below)
     return dist.get_world_size()
+
+
+def _join(
+    backend: str,  # "gloo" or "nccl"
+    size: int,  # WORLD_SIZE
+    start: float,  # seconds to wait for every process
+) -> None:
+    "Form the process group, waiting at most `start` seconds; a start slower than a few seconds says what it waits for."
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    say = lambda: print(f"init_distributed: rank {os.environ['RANK']} is waiting for the {size} processes of "
+                        f"WORLD_SIZE={size} to meet at {where}; it gives up after {start:g} s (RLNB_START_TIMEOUT)",
+                        file=sys.stderr, flush=True)
+    note = threading.Timer(min(10.0, start / 2), say)  # silent when the ranks meet at once, as they usually do
+    note.daemon = True
+    note.start()
+    try: dist.init_process_group(backend, timeout=datetime.timedelta(seconds=start))
+    except RuntimeError as e: raise _no_group(e, size, start) from e  # torch's DistStoreError, DistNetworkError
+    finally: note.cancel()
 
 
 def _no_group(

@@ -50,6 +50,7 @@ def test_a_rank_whose_peer_never_comes_gives_up_after_the_stated_start_timeout(t
     assert done.returncode == 1 and len(said) == 1, done.stderr[-2000:]
     assert "rank 0 waited 3 s for the 2 processes of WORLD_SIZE=2" in said[0], said[0]
     assert "RLNB_START_TIMEOUT=<seconds> (now 3)" in said[0], said[0]
+    assert "rank 0 is waiting for the 2 processes of WORLD_SIZE=2" in done.stderr  # said while it waits, not only after
     assert seconds < 40, seconds  # start-up (imports) and the 3 s wait
 
 
