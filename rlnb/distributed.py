@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/distributed.html.md"""
 
 # %% ../nbs/48_distributed.ipynb #9805afc4
 from __future__ import annotations
-import atexit, contextlib, copy, datetime, hashlib, json, os, random, re, signal, threading
+import atexit, contextlib, copy, datetime, hashlib, json, math, os, random, re, signal, sys, threading, time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -21,11 +21,12 @@ from .rollouts import split_prompts
 from .loggers import reward_metrics
 
 # %% auto #0
-__all__ = ['world_size', 'process_rank', 'close_distributed', 'init_distributed', 'config_digest', 'check_distributed_config',
-           'RankFailedError', 'rank_failure', 'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader',
-           'sync_parameters', 'batch_advantages', 'loss_share', 'all_reduce_gradients', 'averaged_step',
-           'reduced_stats', 'any_rank', 'is_sharded', 'decoder_layers', 'shard_module', 'shard_training_state',
-           'full_parameters', 'full_training_state', 'sharded_hooks', 'even_micro_batches', 'sharded_micro_batches']
+__all__ = ['world_size', 'process_rank', 'close_distributed', 'distributed_timeouts', 'init_distributed', 'config_digest',
+           'check_distributed_config', 'check_same_prompts', 'RankFailedError', 'rank_failure', 'shard_prompts',
+           'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages', 'loss_share',
+           'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank', 'is_sharded', 'decoder_layers',
+           'shard_module', 'shard_training_state', 'full_parameters', 'full_training_state', 'sharded_hooks',
+           'even_micro_batches', 'sharded_micro_batches']
 
 # %% ../nbs/48_distributed.ipynb #e24c1fb1
 def world_size() -> int:  # processes training together (1 without a process group)
@@ -44,7 +45,7 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
 # %% ../nbs/48_distributed.ipynb #78411713
-_failed = False  # set by rank_failure (below, *When a rank dies*): the run broke off, nobody to wait for
+_failed = False  # set by rank_failure and by Ctrl-C (below, *When a rank dies*): the run broke off, nobody to wait for
 
 
 def close_distributed(
@@ -52,12 +53,33 @@ def close_distributed(
 ) -> None:
     "Leave the process group together: wait for every rank, then destroy the group (nothing without a group)."
     if not (dist.is_available() and dist.is_initialized()): return
+    on_error = _failed or getattr(sys, "last_value", None) is not None  # at exit: an uncaught error was printed
     try:  # a rank that tears down its sockets while a peer still reads them can abort that peer (gloo)
-        if _failed: pass  # the run broke off mid-step: a peer may be gone, or blocked in a collective call forever
+        if on_error: pass  # a peer may be gone, or blocked in a collective call this rank never joins
         elif dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
         else: dist.barrier()
     except RuntimeError: pass  # a rank died or stayed behind: leave anyway, its launcher reports it
     dist.destroy_process_group()
+
+# %% ../nbs/48_distributed.ipynb #e9f98b70
+_TIMEOUTS = {"RLNB_START_TIMEOUT": 120.0, "RLNB_COLLECTIVE_TIMEOUT": 600.0}  # seconds, when unset
+
+
+def _seconds(name: str) -> float:
+    "The environment variable `name` as seconds (_TIMEOUTS when unset); refused unless above 0 and at most a week."
+    default, text = _TIMEOUTS[name], os.environ.get(name, "").strip()
+    if not text: return default
+    try: value = float(text)
+    except ValueError: value = math.nan
+    if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
+        raise ValueError(f"init_distributed: {name}={text!r} must be a number of seconds above 0 and at most a week "
+                         f"(604800); unset, it is {default:g}")
+    return value
+
+
+def distributed_timeouts() -> tuple[float, float]:  # (start, collective call), in seconds
+    "How long joining the group waits for every process, and a collective call for its peers: from the environment."
+    return _seconds("RLNB_START_TIMEOUT"), _seconds("RLNB_COLLECTIVE_TIMEOUT")
 
 # %% ../nbs/48_distributed.ipynb #68aff8ac
 def init_distributed(
@@ -71,13 +93,47 @@ def init_distributed(
     if missing:
         raise RuntimeError(f"init_distributed: WORLD_SIZE={size} but {', '.join(missing)} unset; launch with "
                            "`torchrun --nproc_per_node N -m rlnb.cli train ...` (it sets them)")
+    start, collective = distributed_timeouts()  # a bad setting is refused before any waiting
     if backend is None: backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl": torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
+    _join(backend, size, start)
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=collective))  # every collective call from now on
     atexit.register(close_distributed)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _stopped_by_launcher)  # a launcher's stop: an error `train` explains (below)
+    _catch_stops()  # the launcher's SIGTERM, Ctrl-C, the launcher's death: errors `train` explains (below)
     return dist.get_world_size()
+
+
+def _join(
+    backend: str,  # "gloo" or "nccl"
+    size: int,  # WORLD_SIZE
+    start: float,  # seconds to wait for every process
+) -> None:
+    "Form the process group, waiting at most `start` seconds; a start slower than a few seconds says what it waits for."
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    say = lambda: print(f"init_distributed: rank {os.environ['RANK']} is waiting for the {size} processes of "
+                        f"WORLD_SIZE={size} to meet at {where}; it gives up after {start:g} s (RLNB_START_TIMEOUT)",
+                        file=sys.stderr, flush=True)
+    note = threading.Timer(min(10.0, start / 2), say)  # silent when the ranks meet at once, as they usually do
+    note.daemon = True
+    note.start()
+    try: dist.init_process_group(backend, timeout=datetime.timedelta(seconds=start))
+    except RuntimeError as e: raise _no_group(e, size, start) from e  # torch's DistStoreError, DistNetworkError
+    finally: note.cancel()
+
+
+def _no_group(
+    error: RuntimeError,  # what init_process_group raised
+    size: int,  # WORLD_SIZE
+    start: float,  # the seconds it was allowed to wait
+) -> RuntimeError:  # a RankFailedError: `rlnb train` prints it in one line
+    "Why the group did not form, and what to change: start every process, check the address, or wait longer."
+    words, where = _first_words(error), f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    waited = "time" in words.lower()  # torch: "Timed out after ...", "... has timed out after ..."
+    said = (f"waited {start:g} s for the {size} processes of WORLD_SIZE={size} to meet at {where} and gave up"
+            if waited else f"could not join the {size} processes of WORLD_SIZE={size} at {where}")
+    return RankFailedError(f"init_distributed: rank {os.environ['RANK']} {said} ({words}); start every process "
+                           f"(`torchrun --nproc_per_node {size} ...` starts them together), check MASTER_ADDR and "
+                           f"MASTER_PORT, or allow a slower start with RLNB_START_TIMEOUT=<seconds> (now {start:g})")
 
 # %% ../nbs/48_distributed.ipynb #d3bcd8b2
 def config_digest(
@@ -117,15 +173,82 @@ def check_distributed_config(
         raise ValueError(f"{fn}: generator={config.generator!r} runs in one process only (one engine per run); "
                          "use generator='hf' with several processes")
 
+
+def _shown(prompt) -> str:
+    "A prompt as it prints, without memory addresses (which differ between processes)."
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(prompt))
+
+
+def _prompt_text(prompt) -> str:
+    "A prompt as text to compare between processes: JSON (keys sorted: a dict's order does not matter), else shown."
+    try: return json.dumps(to_jsonable(prompt), sort_keys=True)
+    except (TypeError, ValueError): return _shown(prompt)
+
+
+def check_same_prompts(
+    prompts: Sequence,  # the iteration's prompts on this rank, before it keeps its block
+    iteration: int,  # the iteration, counted from 0 (the prompt loader's argument)
+) -> None:
+    "Refuse prompts that differ between ranks: each trains on its block of one list, which must be the same list."
+    if world_size() <= 1: return
+    texts = [_prompt_text(p) for p in prompts]
+    digests = [None] * world_size()
+    dist.all_gather_object(digests, hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16])
+    odd = next((r for r, d in enumerate(digests) if d != digests[0]), None)
+    if odd is None: return
+    lists = [None] * world_size()  # only now: every rank's prompts (hash, how it prints), to name the difference
+    dist.all_gather_object(lists, [(hashlib.sha256(t.encode()).hexdigest()[:16], _shown(p)[:80])
+                                   for t, p in zip(texts, prompts)])
+    mine, theirs = lists[0], lists[odd]
+    first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a[0] != b[0]), None)
+    detail = (f"prompt {first} is {theirs[first][1]} on rank {odd} but {mine[first][1]} on rank 0"
+              if first is not None else f"rank {odd} has {len(theirs)} prompts, rank 0 {len(mine)}")
+    raise ValueError(f"train: the prompts of iteration {iteration + 1} differ between ranks ({detail}); every rank "
+                     "must load the same prompts (the same task, dataset file and prompt_loader): each trains on its "
+                     "own block of that one list")
+
 # %% ../nbs/48_distributed.ipynb #f558fa37
 class RankFailedError(RuntimeError):
-    "A process of a data-parallel run stopped (it crashed, was killed, or its launcher stopped it): the run is over."
+    "A data-parallel run cannot go on: a process stopped (crashed, killed, interrupted, orphaned) or never came."
+
+
+_launcher = None  # the process that started this rank (torchrun), watched by _watch_launcher once the group is up
 
 
 def _stopped_by_launcher(signum, frame):
-    "SIGTERM under torchrun: it stops every process once one has failed. Raise, so that `train` can say what happened."
+    "SIGTERM: torchrun stops every process once one has failed (_watch_launcher: once torchrun is gone). Raise."
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the launcher's later signals change nothing while we report
+    if _orphaned(): raise RankFailedError(f"rank {process_rank()} stopped: its launcher, process {_launcher}, is gone")
     raise RankFailedError(f"rank {process_rank()} was stopped by its launcher (SIGTERM)")
+
+
+def _interrupted(signum, frame):
+    "Ctrl-C (SIGINT) in a rank: a KeyboardInterrupt as usual, but the rank leaves without waiting for its peers."
+    global _failed
+    _failed = True
+    raise KeyboardInterrupt
+
+
+def _watch_launcher(launcher: int, every: float = 0.5) -> None:
+    "Stop this rank (SIGTERM to itself) once `launcher` is gone: an orphan would train to the end, unseen."
+    while os.getppid() == launcher: time.sleep(every)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _orphaned() -> bool:
+    "Whether the launcher that started this rank has died: the rank was handed to another parent."
+    return _launcher is not None and os.getppid() != _launcher
+
+
+def _catch_stops() -> None:
+    "Turn what stops a rank from outside into errors `train` explains: the launcher's SIGTERM, Ctrl-C, its death."
+    global _launcher
+    if threading.current_thread() is threading.main_thread():  # Python runs signal handlers in the main thread
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL: signal.signal(signal.SIGTERM, _stopped_by_launcher)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler: signal.signal(signal.SIGINT, _interrupted)
+    if _launcher is None and os.getppid() > 1:  # 1 or 0: started by init or a container itself, no launcher to lose
+        _launcher = os.getppid()
+        threading.Thread(target=_watch_launcher, args=(_launcher,), name="rlnb-launcher", daemon=True).start()
 
 
 def _lost_peer(error: BaseException) -> bool:
@@ -140,6 +263,42 @@ def _first_words(error: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\]\s*", "", line).split(". ")[0][:160]
 
 
+def _what_stopped(
+    error: BaseException,  # what this rank's step raised: a peer's loss, the launcher's stop, Ctrl-C
+    me: int,  # this rank
+    world: int,  # processes
+) -> tuple[str, str]:  # (what stopped, why), for rank_failure's line
+    "Who stopped the run and why, from this rank's error."
+    others = [r for r in range(world) if r != me]
+    peer = f"rank {others[0]} of {world}" if len(others) == 1 else f"a rank of {world} (the launcher names it)"
+    if isinstance(error, KeyboardInterrupt):
+        return f"rank {me} of {world} was interrupted", "Ctrl-C or SIGINT: the other ranks stop with it"
+    if _orphaned():
+        return f"rank {me} of {world} stopped", (f"its launcher, process {_launcher}, is gone, killed or crashed: "
+                                                 "a rank left alone would train to the end unseen")
+    if isinstance(error, RankFailedError):
+        return f"{peer} stopped", f"its launcher stopped rank {me}, as torchrun does when a process fails"
+    words = _first_words(error)
+    if "timed out" in words.lower():  # a peer alive but silent: it hangs, or works alone for that long
+        return f"{peer} did not answer", (f"rank {me}'s collective call waited RLNB_COLLECTIVE_TIMEOUT="
+                                          f"{_seconds('RLNB_COLLECTIVE_TIMEOUT'):g} s: {words}; "
+                                          "raise it if a rank legitimately works alone that long")
+    return f"{peer} stopped", f"rank {me}'s collective call failed: {words}"
+
+
+def _saved(
+    config: TrainingConfig,  # the run's config: output_dir, checkpoint_every
+) -> str:
+    "What is on disk to go on from: the last checkpoint and how to resume it, or why there is none."
+    folder = None if config.output_dir is None else Path(config.output_dir) / "checkpoint"
+    if folder is not None and checkpoint_exists(folder):
+        return (f"the last checkpoint, iteration {checkpoint_metadata(folder)['iteration']} in {folder}, is intact: "
+                "resume it with resume=True (`-p resume True`), with any number of processes")
+    if folder is not None:
+        return f"no checkpoint was written yet (checkpoint_every={config.checkpoint_every}): start the run again"
+    return "nothing was saved (output_dir=None)"
+
+
 def rank_failure(
     error: BaseException,  # what this rank's step raised
     iteration: int,  # the iteration under way, counted from 1
@@ -147,26 +306,16 @@ def rank_failure(
     rank: int | None = None,  # this process (None: the process group's)
     world: int | None = None,  # processes (None: the process group's)
 ) -> RankFailedError | None:  # None: `error` is this rank's own (a bug, a bad reward): raise it as it is
-    "The one-line error a surviving rank stops with: which rank died, when, which checkpoint is intact, how to resume."
+    "The one-line error a rank stops with: what stopped the run, when, which checkpoint is intact, how to resume."
     global _failed
     _failed = True  # this rank leaves mid-run, whatever the error: at exit, close_distributed waits for nobody
-    if not _lost_peer(error): return None
+    if not (_lost_peer(error) or isinstance(error, KeyboardInterrupt)): return None
     if dist.is_initialized() and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's stop is coming: let this rank say what happened
     me, world = process_rank() if rank is None else rank, world_size() if world is None else world
-    others = [r for r in range(world) if r != me]
-    who = f"rank {others[0]} of {world}" if len(others) == 1 else f"a rank of {world} (the launcher names it)"
-    cause = (f"its launcher stopped rank {me}, as torchrun does when a process fails"
-             if isinstance(error, RankFailedError) else f"rank {me}'s collective call failed: {_first_words(error)}")
-    folder = None if config.output_dir is None else Path(config.output_dir) / "checkpoint"
-    if folder is not None and checkpoint_exists(folder):
-        saved = (f"the last checkpoint, iteration {checkpoint_metadata(folder)['iteration']} in {folder}, is intact: "
-                 "resume it with resume=True (`-p resume True`), with any number of processes")
-    elif folder is not None:
-        saved = f"no checkpoint was written yet (checkpoint_every={config.checkpoint_every}): start the run again"
-    else: saved = "nothing was saved (output_dir=None)"
-    return RankFailedError(f"train: {who} stopped during iteration {iteration} of {config.num_iterations} "
-                           f"({cause}); {saved}")
+    what, why = _what_stopped(error, me, world)
+    return RankFailedError(f"train: {what} during iteration {iteration} of {config.num_iterations} ({why}); "
+                           f"{_saved(config)}")
 
 # %% ../nbs/48_distributed.ipynb #05f0adee
 def shard_prompts(
@@ -204,7 +353,9 @@ def create_sharded_prompt_loader(
     "A prompt loader that gives this rank its block of the iteration's prompts and reseeds its sampling."
     rank_, world_ = process_rank() if rank is None else rank, world_size() if world is None else world
     def loader(iteration):
-        prompts = shard_prompts(split_prompts(prompt_loader(iteration)), rank_, world_)
+        prompts = split_prompts(prompt_loader(iteration))
+        check_same_prompts(prompts, iteration)  # several processes: the same list on every rank, or an error
+        prompts = shard_prompts(prompts, rank_, world_)
         s = rank_seed(seed, iteration, rank_)
         random.seed(s)
         torch.manual_seed(s)

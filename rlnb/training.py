@@ -533,11 +533,12 @@ def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: li
                 if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
                     checkpoint_fn(state if ahead is None else ahead.saved_with(state))
                 if done or stop: break
-        except Exception as e:  # several processes: a rank died (chapter *Several processes*, later) or not ours
+        except (Exception, KeyboardInterrupt) as e:  # several processes: a rank died or was stopped at once (chapter
+            # *Several processes*, later): one line naming the checkpoint; else raised as it is
             failure = dp.rank_failure(e, under_way, config)
             if failure is None: raise
             raise failure from e
-    if stopping.requested: raise _stopped(state, config, checkpoint_fn is not None)
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
-    dp.any_rank(False)  # several processes return together: rank 0's last checkpoint is on disk
+    # several processes return together (rank 0's last checkpoint is on disk), and stop together if one was interrupted
+    if dp.any_rank(stopping.requested): raise _stopped(state, config, checkpoint_fn is not None)
     return state
