@@ -540,5 +540,5 @@ def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: li
             raise failure from e
     if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
     # several processes return together (rank 0's last checkpoint is on disk), and stop together if one was interrupted
-    if dp.any_rank(stopping.requested): raise _stopped(state, config, checkpoint_fn is not None)
+    if dp.any_rank(stopping.requested): raise _stopped(state, config, saved=dp.any_rank(checkpoint_fn is not None))
     return state
