@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 
 # %% ../nbs/61_cli.ipynb #77cd9bc3
 from __future__ import annotations
-import argparse, ast, json, logging, sys, textwrap, time
+import argparse, ast, json, logging, os, sys, textwrap, time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Sequence
@@ -213,6 +213,15 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _complain(line: str) -> None:
+    "Print an error line on stderr in one write: the ranks of a run stopping together do not cut into each other's."
+    if sys.stderr is not sys.__stderr__:  # a notebook's or a test's stream: it keeps what it is given
+        print(line, file=sys.stderr, flush=True)
+        return
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (line + "\n").encode(errors="replace"))
+
+
 def main(
     argv: Sequence[str] | None = None,  # the arguments after `rlnb` (None: the command line's)
 ) -> int:  # exit status: 0 every run completed, 1 some failed, 2 bad arguments
@@ -224,7 +233,7 @@ def main(
             from rlnb import distributed
             try: summary = train_command(params)
             except distributed.RankFailedError as e:  # a process of the run died: say so in one line
-                print(f"rlnb train: error: {e}", file=sys.stderr, flush=True)
+                _complain(f"rlnb train: error: {e}")
                 return 1
             if distributed.process_rank() == 0:
                 r0, r1 = (f"{x:.3f}" if x is not None else "n/a"
@@ -241,10 +250,10 @@ def main(
         results = run_sweep(args.notebook, params, seeds=args.seeds, output_root=args.output, workers=args.workers,
                             threads_per_run=args.threads, log_fn=_say)
     except (ValueError, TypeError, FileNotFoundError, FolderInUseError) as e:
-        print(f"rlnb {args.command}: error: {e}", file=sys.stderr)
+        _complain(f"rlnb {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt as e:  # stopped at once (a second Ctrl-C), or `rlnb train` stopped after an iteration
-        print(f"rlnb {args.command}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr, flush=True)
+        _complain(f"rlnb {args.command}: interrupted{': ' + str(e) if str(e) else ''}")
         return INTERRUPTED_EXIT
     failed = [r.run_id for r in results if r.status in ("failed", "interrupted")]
     busy = [r.run_id for r in results if r.status == "running"]  # another process is writing them: left alone
