@@ -25,5 +25,5 @@ def test_a_read_only_cache_is_named_with_what_to_do(tmp_path, monkeypatch):
     import rlnb.cache as cache
     def read_only(path): raise PermissionError(13, "Permission denied", str(path.parent))  # as mkdtemp there would
     monkeypatch.setattr(cache, "_start_build", read_only)
-    with pytest.raises(PermissionError, match=r"cannot build '.*/x': .* is not writable by this user; point RLNB_CACHE"):
+    with pytest.raises(PermissionError, match=r"cannot build '.*/x': .* is not writable by this user; point RLNB"):
         cache.build_atomically(tmp_path / "x", lambda p: None, lambda p: False)
