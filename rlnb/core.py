@@ -474,11 +474,15 @@ def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
 
 
 def _id_tensor(ids, where: str) -> Tensor:
-    "Token ids as a long tensor; a value that is no token id (negative, past int64, not a number) named with `where`."
-    try: out = torch.as_tensor(list(ids), dtype=torch.long)
+    "Token ids as a long tensor; a value that is no token id (negative, past int64, a float) named with `where`."
+    try: raw = torch.as_tensor(list(ids))  # its dtype says what the values are: 2.5 must not become token 2
     except (OverflowError, RuntimeError, TypeError, ValueError) as e:  # 2**70: "Python int too large to convert"
         raise ValueError(f"collate: {where} holds a value that is not a token id ({type(e).__name__}: "
                          f"{str(e)[:100]}); token ids are ints from 0 to the vocabulary's size - 1") from None
+    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
+        raise ValueError(f"collate: {where} holds {str(raw.dtype).removeprefix('torch.')} values, not token ids; "
+                         "token ids are ints from 0 to the vocabulary's size - 1")
+    out = raw.to(torch.long)
     if out.numel() and int(out.min()) < 0:
         j = int((out < 0).nonzero()[0])
         raise ValueError(f"collate: {where}[{j}] is {int(out[j])}; token ids are ints from 0 to the vocabulary's "

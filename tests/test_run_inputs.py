@@ -98,6 +98,8 @@ def test_rollout_token_ids_past_int64_named_by_collate():
                  Rollout("b", prompt_token_ids=[1], token_ids=[4, 2**70])], 0)
     with pytest.raises(ValueError, match=r"collate: rollouts\[0\].prompt_token_ids\[0\] is -2"):
         collate([Rollout("a", prompt_token_ids=[-2], token_ids=[4])], 0)
+    with pytest.raises(ValueError, match=r"collate: rollouts\[0\].token_ids holds float32 values, not token ids"):
+        collate([Rollout("a", prompt_token_ids=[1], token_ids=[4, 2.5])], 0)  # was read as token 2
 
 
 # --- 3. vLLM engine arguments, checked before vLLM is imported -------------------------------------------------------
