@@ -114,3 +114,27 @@ def test_an_interrupt_while_adapters_are_folded_leaves_them_unfolded():
             raise KeyboardInterrupt  # Stop pressed while the sampler runs on the folded weights
     for name, p in model.named_parameters(): torch.testing.assert_close(p, before[name], rtol=0, atol=0)
     with torch.no_grad(): torch.testing.assert_close(model(ids).logits, logits, rtol=0, atol=0)  # adapters back on
+
+
+def test_soft_interrupt_asks_first_stops_second_and_puts_the_handler_back():
+    from rlnb.interrupts import SoftInterrupt
+    before, passed_on = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt):
+        with SoftInterrupt("stopping soon", on_first=lambda: passed_on.append(1)) as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000): pass  # the handler runs between bytecodes
+            assert stop.requested and passed_on == [1]
+            os.kill(os.getpid(), signal.SIGINT)  # the second: at once
+            for _ in range(1000): pass
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_soft_interrupt_leaves_an_ignored_sigint_ignored():
+    from rlnb.interrupts import SoftInterrupt
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a job a shell started in the background
+    try:
+        with SoftInterrupt("never said") as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000): pass
+        assert not stop.requested and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally: signal.signal(signal.SIGINT, before)
