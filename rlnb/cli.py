@@ -79,12 +79,15 @@ def _load_yaml(text: str, source: str):
     try:
         node = loader.get_single_node()
         if node is None: return None
-        try: size = _expanded_size(node, {})
-        except RecursionError: raise ValueError(f"{source}: nested too deeply") from None
+        size = _expanded_size(node, {})
         if size > MAX_YAML_VALUES:
             raise ValueError(f"{source}: its aliases (*name) expand to {size:,} values, more than MAX_YAML_VALUES "
                              f"({MAX_YAML_VALUES:,}); write the values out or use fewer aliases")
         return loader.construct_document(node)
+    except RecursionError: raise ValueError(f"{source}: nested too deeply to read") from None
+    except (TypeError, ValueError) as e:  # a list as a key (unhashable), an int of 5,000 digits: named, not raw
+        if str(e).startswith(source): raise
+        raise ValueError(f"{source}: a value YAML cannot read ({str(e).splitlines()[0][:120]})") from None
     finally: loader.dispose()
 
 # %% ../nbs/61_cli.ipynb #90523849

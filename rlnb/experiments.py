@@ -221,17 +221,27 @@ def _default_root(notebook: Path) -> Path:
     return Path("runs", Path(notebook).stem)
 
 # %% ../nbs/60_experiments.ipynb #4d291d6a
-def _has_parameters_cell(notebook: Path) -> bool:
-    "Whether a notebook has a cell tagged `parameters` (an unreadable one: True, and papermill says what is wrong)."
-    try: cells = loads_json(notebook.read_bytes()).get("cells", [])
-    except (OSError, ValueError, AttributeError): return True
-    return any(isinstance(c, dict) and "parameters" in (c.get("metadata") or {}).get("tags", []) for c in cells)
+def _notebook_cells(where: str, notebook: Path) -> list:
+    "A notebook file's cells, read before any kernel starts; a ValueError naming the file if it is not a notebook."
+    try: nb = loads_json(notebook.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{where}: `notebook` {str(notebook)!r} is not a papermill notebook ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:100] if str(e) else ''})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError(f"{where}: `notebook` {str(notebook)!r} is not a papermill notebook (no list of cells)")
+    return nb["cells"]
+
+
+def _has_parameters_cell(cells: list) -> bool:
+    "Whether a notebook's cells include one tagged `parameters`, where papermill puts the values it is given."
+    return any(isinstance(c, dict) and "parameters" in ((c.get("metadata") or {}).get("tags") or []) for c in cells)
 
 
 def _check_request(where: str, notebook: Path, params: dict, check_params) -> None:
     "Everything that can be checked before a kernel starts; errors start with `where`."
     if not notebook.is_file(): raise FileNotFoundError(f"{where}: `notebook` {str(notebook)!r} does not exist")
-    if params and not _has_parameters_cell(notebook):  # papermill would put them above the first cell: overwritten
+    cells = _notebook_cells(where, notebook)
+    if params and not _has_parameters_cell(cells):  # papermill would put them above the first cell: overwritten
         raise ValueError(f"{where}: `notebook` {str(notebook)!r} has no cell tagged `parameters`, so the values given "
                          "would be set before its first cell and then overwritten by its own; tag the cell that sets "
                          "its defaults `parameters`")
@@ -389,7 +399,9 @@ def run_experiment(
     log_output: bool = False,  # also send the notebook's output to papermill's log as it runs
 ) -> RunResult:
     "Run `notebook` once under papermill: the executed notebook, a status file and the run's files go to `output_dir`."
-    fn, params, notebook = "run_experiment", dict(params or {}), Path(notebook).resolve()
+    fn, params = "run_experiment", dict(params or {})
+    try: notebook = Path(notebook).resolve()
+    except (OSError, RuntimeError) as e: raise ValueError(f"{fn}: `notebook` {str(notebook)!r}: {e}") from None
     _check_request(fn, notebook, params, check_params)
     if "seed" not in params and (seed := _notebook_seed(notebook)) is not None: params["seed"] = seed
     output_dir = _default_root(notebook) / run_name(params) if output_dir is None else output_dir
@@ -628,7 +640,9 @@ def run_sweep(
 ) -> list[RunResult]:
     "Run each setting x seed of `grid` once, each in its own process and folder; completed runs are skipped."
     from rlnb.experiments import run_experiment as task  # the library's, by name: a notebook's own is not picklable
-    fn, notebook = "run_sweep", Path(notebook).resolve()
+    fn = "run_sweep"
+    try: notebook = Path(notebook).resolve()
+    except (OSError, RuntimeError) as e: raise ValueError(f"{fn}: `notebook` {str(notebook)!r}: {e}") from None
     if not notebook.is_file(): raise FileNotFoundError(f"{fn}: `notebook` {str(notebook)!r} does not exist")
     plan = expand_grid(grid, seeds, default_seed=_notebook_seed(notebook))
     if executor is not None and workers is not None: raise ValueError(f"{fn}: pass `workers` or `executor`, not both")

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/resume.html.md"""
 
 # %% ../nbs/71_resume.ipynb #1f5f6352
 from __future__ import annotations
-import contextlib, hashlib, json
+import contextlib, hashlib, json, warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -20,8 +20,9 @@ from .cache import folder_lock
 from .checkpoints import checkpoint_exists, checkpoint_metadata, load_checkpoint
 
 # %% auto #0
-__all__ = ['RUN_IDENTITY', 'output_lock', 'output_paths', 'applied_optimizer_settings', 'model_fingerprint',
-           'prompts_fingerprint', 'run_start', 'check_same_start', 'check_same_run', 'resumed_state']
+__all__ = ['RUN_IDENTITY', 'RUN_BOOKKEEPING', 'output_lock', 'output_paths', 'applied_optimizer_settings', 'model_fingerprint',
+           'prompts_fingerprint', 'run_start', 'check_same_start', 'changed_settings', 'check_same_run',
+           'resumed_state']
 
 # %% ../nbs/71_resume.ipynb #05e31216
 def output_lock(
@@ -181,6 +182,20 @@ RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", 
                  "off_policy_steps")
 
 
+RUN_BOOKKEEPING = ("resume", "num_iterations", "output_dir", "max_seconds", "checkpoint_every", "eval_every",
+                   "eval_size", "num_threads", "plugins", "learning_rate", "weight_decay")  # said or harmless
+
+
+def changed_settings(
+    saved: Mapping | None,  # the config the checkpoint was saved with (None: a checkpoint written by hand)
+    config: TrainingConfig,  # this run's
+) -> dict:  # {field: (saved value, new value)}
+    "The settings a resumed run changes that shape its training (neither its identity nor its bookkeeping)."
+    if not isinstance(saved, Mapping): return {}
+    return {k: (saved[k], v) for k, v in config._asdict().items()
+            if k in saved and k not in RUN_IDENTITY + RUN_BOOKKEEPING and saved[k] != v}
+
+
 def check_same_run(
     saved: Mapping | None,  # the config the checkpoint was saved with (None: a checkpoint written by hand)
     config: TrainingConfig,  # this run's
@@ -222,4 +237,9 @@ def resumed_state(
     print(f"resumed from {ckpt_path} at iteration {state.iteration} of {config.num_iterations}"
           + (f" ({dropped} metric rows logged after that checkpoint dropped)" if dropped else "")
           + "".join(f"; {k} {old:g} -> {new:g} from here on" for k, (old, new) in changed.items()))
+    others = changed_settings(saved["metadata"].get("config"), config)
+    if others:  # applied (the loop reads the config at every step), and said: the run is no longer one setting's
+        warnings.warn(f"{fn}: resumed with settings that differ from the checkpoint's run: "
+                      + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in others.items())
+                      + f"; they apply from iteration {state.iteration + 1} on", stacklevel=3)
     return state

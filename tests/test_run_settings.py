@@ -60,3 +60,11 @@ def test_a_group_of_its_own_settings_keeps_them():
                                          TrainingConfig(learning_rate=1e-3, weight_decay=0.1))
     assert set(changed) == {"learning_rate", "weight_decay"}
     assert [(g["lr"], g["weight_decay"]) for g in opt.param_groups] == [(1e-3, 0.1), (5.0, 0.0)]
+
+
+def test_other_changed_settings_apply_and_are_said_once(tmp_path):
+    train(TrainingConfig(**RUN, output_dir=str(tmp_path)), progress=False)
+    again = {**RUN, "num_iterations": 3, "temperature": 0.7, "max_grad_norm": 0.5}
+    said = r"checkpoint.s run: temperature 1.0 -> 0.7, max_grad_norm 1.0 -> 0.5; they apply from iteration 3"
+    with pytest.warns(UserWarning, match=said):
+        train(TrainingConfig(**again, output_dir=str(tmp_path), resume=True), progress=False)

@@ -1,6 +1,6 @@
 """Inputs of runs and sweeps that used to pass silently: a notebook without a `parameters` cell, sweep values equal
 once read, a misspelt `where` name."""
-import json
+import json, re
 
 import nbformat
 import pytest
@@ -42,3 +42,20 @@ def test_a_misspelt_where_name_is_refused_naming_the_known_ones(tmp_path):
     with pytest.raises(ValueError, match=r"'learnin_rate'.*did you mean 'learning_rate'\?.*learning_rate, seed"):
         load_sweep(tmp_path, where={"learnin_rate": 1e-3})
     assert len(load_sweep(tmp_path, where={"learning_rate": 3e-3}).runs) == 1
+
+
+@pytest.mark.parametrize("content", [b"", b"[]", b"[" * 100_000, b"\xff\xfe", b'{"cells": 5}'])
+def test_a_file_that_is_not_a_notebook_is_refused_before_a_kernel_starts(tmp_path, content):
+    nb = tmp_path / "nb.ipynb"
+    nb.write_bytes(content)
+    with pytest.raises(ValueError, match="nb.ipynb' is not a papermill notebook"):
+        run_experiment(nb, {"learning_rate": 1e-3}, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("text, says", [("x: " + "[" * 100_000, "nested too deeply"),
+                                        ("a: &k [1]\n*k : 2", "cannot read (unhashable"),
+                                        ("seed: " + "1" * 5000, "cannot read (Exceeds the limit")])
+def test_yaml_that_python_cannot_build_is_named_with_its_option(text, says):
+    from rlnb.cli import yaml_params
+    with pytest.raises(ValueError, match=rf"^-f p.yaml: .*{re.escape(says)}"): yaml_params(text, "-f p.yaml")
