@@ -462,9 +462,18 @@ def _spec(fn: str, name) -> AlgorithmSpec:
     return spec
 
 
+_OPTIONAL_KNOBS = {  # knobs whose default is None, and what else they take
+    "max_completion_length": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                              "an int >= 1 (L_max of aggregation='constant') or None"),
+}
+
+
 def _check_knob_kind(algorithm: str, knob: str, value, default) -> None:
     "A knob given a value of another kind than its default (a bool, a number, a str; None's knobs take anything)."
-    if isinstance(default, bool): ok, kind = isinstance(value, bool), "True or False"
+    if default is None and knob in _OPTIONAL_KNOBS and value is not None:
+        takes, kind = _OPTIONAL_KNOBS[knob]
+        ok = takes(value)
+    elif isinstance(default, bool): ok, kind = isinstance(value, bool), "True or False"
     elif isinstance(default, numbers.Real):
         ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
     elif isinstance(default, str): ok, kind = isinstance(value, str), "a str"

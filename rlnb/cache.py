@@ -68,6 +68,10 @@ def default_cache_dir(
 ) -> Path:
     "Where rlnb caches what it builds: `cache_dir`, else $RLNB_CACHE, else ~/.cache/rlnb."
     source = "`cache_dir`" if cache_dir else "$RLNB_CACHE" if os.environ.get("RLNB_CACHE") else "the default cache"
+    given = str(cache_dir or os.environ.get("RLNB_CACHE") or "")
+    if given and (given != given.strip() or any(ord(c) < 32 for c in given)):  # ' ', a newline, a NUL: a typo
+        raise ValueError(f"default_cache_dir: {source} is {given!r}: blank, or with spaces at its ends or control "
+                         "characters in it; give a folder's path")
     path = Path(cache_dir or os.environ.get("RLNB_CACHE") or Path.home() / ".cache" / "rlnb").expanduser()
     blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:

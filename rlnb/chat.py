@@ -26,6 +26,9 @@ def _checked_messages(messages, fn: str, name: str) -> tuple:
         if not isinstance(m.role, str) or m.role not in MESSAGE_ROLES:
             raise ValueError(f"{fn}: {name}[{i}] has role {reprlib.repr(m.role)}; a message's role is one of "
                              f"{', '.join(map(repr, MESSAGE_ROLES))}")
+        if not isinstance(m.content, str):  # None would be rendered as an empty turn without a word
+            raise TypeError(f"{fn}: {name}[{i}] has content {reprlib.repr(m.content)}; a message's content is its "
+                            "text, a str ('' for none)")
     return tuple(messages)
 
 

@@ -21,12 +21,12 @@ from .rollouts import split_prompts
 from .loggers import reward_metrics
 
 # %% auto #0
-__all__ = ['world_size', 'process_rank', 'close_distributed', 'distributed_timeouts', 'init_distributed', 'config_digest',
-           'check_distributed_config', 'check_same_prompts', 'RankFailedError', 'rank_failure', 'shard_prompts',
-           'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages', 'loss_share',
-           'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank', 'is_sharded', 'decoder_layers',
-           'shard_module', 'shard_training_state', 'full_parameters', 'full_training_state', 'sharded_hooks',
-           'even_micro_batches', 'sharded_micro_batches']
+__all__ = ['world_size', 'process_rank', 'close_distributed', 'distributed_timeouts', 'launch_setting', 'init_distributed',
+           'config_digest', 'check_distributed_config', 'check_same_prompts', 'RankFailedError', 'rank_failure',
+           'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages',
+           'loss_share', 'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank', 'is_sharded',
+           'decoder_layers', 'shard_module', 'shard_training_state', 'full_parameters', 'full_training_state',
+           'sharded_hooks', 'even_micro_batches', 'sharded_micro_batches']
 
 # %% ../nbs/48_distributed.ipynb #e24c1fb1
 def world_size() -> int:  # processes training together (1 without a process group)
@@ -82,17 +82,36 @@ def distributed_timeouts() -> tuple[float, float]:  # (start, collective call), 
     return _seconds("RLNB_START_TIMEOUT"), _seconds("RLNB_COLLECTIVE_TIMEOUT")
 
 # %% ../nbs/48_distributed.ipynb #68aff8ac
+def launch_setting(
+    name: str,  # an environment variable a launcher sets: WORLD_SIZE, RANK, MASTER_PORT
+    low: int,  # its smallest valid value
+    high: int,  # its largest
+    default: int | None = None,  # its value when unset (None: it must be set)
+) -> int:
+    "An integer the launcher put in the environment, checked: a ValueError naming the variable, not int()'s."
+    text = os.environ.get(name, "").strip()
+    if not text and default is not None: return default
+    try: value = int(text)
+    except ValueError: value = None
+    if value is None or not low <= value <= high:
+        raise ValueError(f"init_distributed: {name}={text!r} must be an integer from {low} to {high} (torchrun sets "
+                         f"it: launch with `torchrun --nproc_per_node N -m rlnb.cli train ...`, or fix {name})")
+    return value
+
+
 def init_distributed(
     backend: str | None = None,  # "gloo" or "nccl" (None: nccl when CUDA is available, else gloo)
 ) -> int:  # the world size (1: one process, nothing started)
     "Join the process group torchrun (or accelerate launch) describes in the environment, if WORLD_SIZE > 1."
     if dist.is_available() and dist.is_initialized(): return dist.get_world_size()
-    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    size = launch_setting("WORLD_SIZE", 1, 1 << 20, default=1)
     if size <= 1: return 1
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise RuntimeError(f"init_distributed: WORLD_SIZE={size} but {', '.join(missing)} unset; launch with "
                            "`torchrun --nproc_per_node N -m rlnb.cli train ...` (it sets them)")
+    launch_setting("RANK", 0, size - 1)  # a rank outside the group would wait for a place that never comes
+    launch_setting("MASTER_PORT", 1, 65535)
     start, collective = distributed_timeouts()  # a bad setting is refused before any waiting
     if backend is None: backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl": torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -89,6 +89,12 @@ def _resolve_device(device, fn: str = "load_model") -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         why = "a CPU build of torch" if torch.version.cuda is None else "no GPU is visible"
         raise ValueError(f"{fn}: `device`={device!r}, but this process has no CUDA GPU ({why}); use 'auto' or 'cpu'")
+    if resolved.type == "meta":  # shapes without values: every weight would be a placeholder
+        raise ValueError(f"{fn}: `device`='meta' holds no weights, only their shapes; use 'auto', 'cpu' or 'cuda'")
+    available = getattr(getattr(torch, resolved.type, None), "is_available", None)  # torch.mps, torch.xpu, ...
+    if resolved.type not in ("cpu", "cuda") and not (callable(available) and available()):
+        raise ValueError(f"{fn}: `device`={device!r}, but this torch build or machine has no {resolved.type} device; "
+                         "use 'auto', 'cpu' or 'cuda'")
     return resolved
 
 

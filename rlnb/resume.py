@@ -50,6 +50,11 @@ def output_paths(
     if has_run and not config.resume:
         raise ValueError(f"{fn}: output_dir {str(out)!r} already holds a run; pass resume=True to continue it, "
                          "or choose another output_dir")
+    state_file = ckpt / "state.json"
+    if config.resume and (state_file.is_symlink() or state_file.is_dir()):  # not "no checkpoint": a damaged one
+        what = "a link" if state_file.is_symlink() else "a folder"
+        raise ValueError(f"{fn}: resume=True but {str(state_file)!r} is {what}, not the checkpoint's state file; "
+                         "restore the checkpoint or start a new run")
     if config.resume and not checkpoint_exists(ckpt):
         raise ValueError(f"{fn}: resume=True but {str(ckpt)!r} holds no checkpoint"
                          + (" (the run died before its first one: delete the folder and start again)"

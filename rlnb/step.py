@@ -424,7 +424,8 @@ def data_parallel(start: bool = False):
     "rlnb.distributed (chapter *Several processes*, later) when several processes train together, else OneProcess()."
     import torch.distributed as dist
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    if not several and not (start and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1): return OneProcess()
+    launched = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")  # torchrun's; checked when joining
+    if not several and not (start and launched): return OneProcess()
     from rlnb import distributed  # imported only when a process group is (or is to be) up
     if start: distributed.init_distributed()  # torchrun's environment: join the group (gloo on CPU, nccl on CUDA)
     return distributed

@@ -27,3 +27,18 @@ def test_a_read_only_cache_is_named_with_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "_start_build", read_only)
     with pytest.raises(PermissionError, match=r"cannot build '.*/x': .* is not writable by this user; point RLNB"):
         cache.build_atomically(tmp_path / "x", lambda p: None, lambda p: False)
+
+
+@pytest.mark.parametrize("value", [" ", "/tmp/a\nb", " /tmp/cache", "/tmp/a\tb"])
+def test_a_cache_path_with_blanks_or_control_characters_is_named(value, monkeypatch):
+    from rlnb.cache import default_cache_dir
+    monkeypatch.setenv("RLNB_CACHE", value)
+    with pytest.raises(ValueError, match=r"\$RLNB_CACHE is .*: blank, or with spaces at its ends or control"):
+        default_cache_dir()
+
+
+@pytest.mark.parametrize("device, says", [("meta", "holds no weights, only their shapes"),
+                                          ("xla", "has no xla device")])
+def test_a_device_this_process_cannot_load_onto_is_named(device, says):
+    with pytest.raises(ValueError, match=f"`device`='{device}'.*{says}"):
+        load_model(ModelConfig("tiny", device=device))

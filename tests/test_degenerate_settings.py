@@ -105,3 +105,12 @@ def test_dpo_with_beta_0_is_refused_before_anything_loads(monkeypatch):
     monkeypatch.setattr(training, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match="dpo: `beta`=0 makes the loss the constant log 2"):
         train(TrainingConfig(algorithm="dpo", beta=0.0, **RUN), progress=False)
+
+
+@pytest.mark.parametrize("value", [0, -5, 2.5, True])
+def test_a_max_completion_length_that_is_no_length_is_refused_for_every_algorithm(value):
+    from rlnb.algorithms import ALGORITHMS, create_algorithm_config
+    for name, spec in ALGORITHMS.items():
+        if "max_completion_length" not in spec.default_config: continue
+        with pytest.raises(TypeError, match="`max_completion_length` .* must be an int >= 1"):
+            create_algorithm_config(name, max_completion_length=value)

@@ -1,5 +1,5 @@
 "Several processes that must not hang, run orphaned or disagree: bounded waits, Ctrl-C in one rank, a killed launcher."
-import json, os, signal, socket, subprocess, sys, time
+import json, os, re, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -197,3 +197,16 @@ def test_prompts_that_differ_between_ranks_are_refused_naming_the_first_differen
                                "TaskExample(prompt='1+1=', answer='2', metadata=None) on rank 1 but "
                                "TaskExample(prompt='0+1=', answer='1', metadata=None) on rank 0)"), said
         assert "every rank must load the same prompts" in said, said
+
+
+@pytest.mark.parametrize("env, says", [({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' must be an integer from 1"),
+                                       ({"WORLD_SIZE": "1.5"}, "WORLD_SIZE='1.5' must be an integer"),
+                                       ({"RANK": "x"}, "RANK='x' must be an integer from 0 to 1"),
+                                       ({"RANK": "2"}, "RANK='2' must be an integer from 0 to 1"),
+                                       ({"RANK": "-1"}, "RANK='-1' must be an integer from 0 to 1"),
+                                       ({"MASTER_PORT": "99999"}, "MASTER_PORT='99999' must be an integer from 1")])
+def test_a_launch_setting_that_is_no_rank_or_port_is_named_before_any_wait(env, says, monkeypatch):
+    from rlnb.step import data_parallel
+    for k, v in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500", **env}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=re.escape(says)): data_parallel(start=True)

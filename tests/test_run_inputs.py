@@ -31,6 +31,8 @@ def test_unknown_role_refused_where_messages_enter():
         run(prompts=[Conversation((Message("User", "1+1="),))], reward_fn=lambda r: 0.0)
     with pytest.raises(ValueError, match=r"sft: `examples\[0\]`.messages\[0\] has role 'human'"):
         sft(model(), tok(), [Conversation((Message("human", "1+1="), Message("assistant", "2")))])
+    with pytest.raises(TypeError, match=r"conversation\[0\] has content None; a message's content is its text"):
+        chat.apply_chat_template([{"role": "user", "content": None}], tok())
 
 
 def test_environment_message_with_unknown_role():

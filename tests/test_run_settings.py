@@ -68,3 +68,13 @@ def test_other_changed_settings_apply_and_are_said_once(tmp_path):
     said = r"checkpoint.s run: temperature 1.0 -> 0.7, max_grad_norm 1.0 -> 0.5; they apply from iteration 3"
     with pytest.warns(UserWarning, match=said):
         train(TrainingConfig(**again, output_dir=str(tmp_path), resume=True), progress=False)
+
+
+@pytest.mark.parametrize("kind", ["folder", "link"])
+def test_a_damaged_state_file_is_named_not_called_no_checkpoint(tmp_path, kind):
+    train(TrainingConfig(**RUN, output_dir=str(tmp_path)), progress=False)
+    state = tmp_path / "checkpoint" / "state.json"
+    state.unlink()
+    state.mkdir() if kind == "folder" else state.symlink_to(state)
+    with pytest.raises(ValueError, match=f"state.json' is a {kind}, not the checkpoint's state file"):
+        train(TrainingConfig(**{**RUN, "num_iterations": 3}, output_dir=str(tmp_path), resume=True), progress=False)
