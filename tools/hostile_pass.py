@@ -447,6 +447,14 @@ def _links_family() -> None:
              lambda t, n=name, w=what: (_plant(t / "run", n, outside(t) / ("precious.txt" if w == "file" else "sub")),
                                         cli("train", *QUICK, "-p", "output_dir", t / "run")), expect="either",
              words=name, timeout=40)
+    for name, kind in (("checkpoint", "file"), (".lock", "folder"), ("metrics.jsonl.tmp", "folder"),
+                       ("checkpoint", "fifo")):
+        case("links", f"train into a folder whose {name} is a {kind}", lambda t, n=name, k=kind: (
+             _in_place(t / "run" / n, k), _train_into(t / "run")), expect="either", words=name, timeout=40)
+    for name, kind in (("status.json", "folder"), ("run.ipynb", "folder"), ("attempts", "file"),
+                       (".run.lock", "folder"), ("summary.json", "fifo")):
+        case("links", f"run_experiment into a folder whose {name} is a {kind}", lambda t, n=name, k=kind: (
+             _in_place(t / "run" / n, k), _run_in(t)), expect="either", words=name, timeout=60)
     case("links", "rlnb train with summary.json a folder", lambda t: (
          (t / "run" / "summary.json").mkdir(parents=True), cli("train", *QUICK, "-p", "output_dir", t / "run")),
          words="summary.json", timeout=40)
@@ -493,6 +501,22 @@ def _links_family() -> None:
          _plant(t, "built", outside(t) / "new"), __import__("rlnb.cache", fromlist=["x"]).build_atomically(
              t / "built", lambda tmp: (Path(tmp) / "f.txt").write_text("x"), lambda f: (f / "f.txt").is_file())),
          expect="either", words="built")
+
+
+def _in_place(path: Path, kind: str) -> None:
+    "A file, a folder or a FIFO where rlnb expects the other kind."
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "file": path.write_text("not what rlnb wrote")
+    elif kind == "folder": (path / "inside").mkdir(parents=True)
+    else: os.mkfifo(path)
+
+
+def _run_in(t: Path):
+    from rlnb.experiments import STATUS_FILE, run_experiment
+    out = t / "run"
+    if not (out / STATUS_FILE).exists():
+        (out / STATUS_FILE).write_text(json.dumps({"status": "failed", "params": {"seed": 0}, "attempt": 1}))
+    return run_experiment(small_notebook(t / "nb.ipynb"), {"seed": 0}, out, check_params=None).status
 
 
 def _run_with_link(t: Path, name: str, target: str):
@@ -914,9 +938,16 @@ def _files_family() -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         for how in ("empty", "NUL bytes", "nested 100,000 deep", "a folder"):
             load = "load_tokenizer" if name.startswith("tokenizer") else "load_model"
+            # a tokenizer rebuilt from the folder's other files is right if it reads text as the tiny model's does
             case("files", f"{load} of a folder whose {name} is {how}", lambda t, n=name, h=how, f=load: (
                  _saved_model(t), _corrupt(t / "m" / n, h), getattr(__import__("rlnb.models", fromlist=["x"]), f)(
-                     str(t / "m"))), words="{t}/m", timeout=40)
+                     str(t / "m"))), words="{t}/m", timeout=40, expect="either" if load == "load_tokenizer" else
+                 "refuse", check=_same_tokens if load == "load_tokenizer" else None)
+
+
+def _same_tokens(result, t) -> str | None:
+    ids, expected = result[-1].encode("12+34="), tok().encode("12+34=")
+    return None if ids == expected else f"the tokenizer reads '12+34=' as {ids}, not {expected}"
 
 
 def _saved_model(t: Path) -> Path:
