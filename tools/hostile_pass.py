@@ -809,23 +809,26 @@ def _hang_family() -> None:
         case("hang", f"rlnb sweep -y: {what}", lambda t, x=text: cli("sweep", TRAINING_NB, "-o", t / "o", "-y", x),
              words="-y")
     for what, env, words in (
-            ("rank 0 of 2, its peer never comes", dict(WORLD_SIZE="2", RANK="0"), "init_distributed"),
-            ("rank 1 of 2, no rank 0", dict(WORLD_SIZE="2", RANK="1"), "init_distributed"),
+            # the start waits RLNB_START_TIMEOUT (120 s by default), then stops saying so: bounded here at 8 s
+            ("rank 0 of 2, its peer never comes", dict(WORLD_SIZE="2", RANK="0", RLNB_START_TIMEOUT="8"),
+             "RLNB_START_TIMEOUT"),
+            ("rank 1 of 2, no rank 0", dict(WORLD_SIZE="2", RANK="1", RLNB_START_TIMEOUT="8"), "RLNB_START_TIMEOUT"),
             ("WORLD_SIZE 'two'", dict(WORLD_SIZE="two", RANK="0"), "WORLD_SIZE"),
             ("WORLD_SIZE 2, RANK 2", dict(WORLD_SIZE="2", RANK="2"), "RANK"),
             ("WORLD_SIZE 2, RANK 'x'", dict(WORLD_SIZE="2", RANK="x"), "RANK"),
             ("WORLD_SIZE 2, RANK -1", dict(WORLD_SIZE="2", RANK="-1"), "RANK"),
             ("MASTER_PORT 99999", dict(WORLD_SIZE="2", RANK="0", MASTER_PORT="99999"), "MASTER_PORT"),
             ("MASTER_PORT 'http'", dict(WORLD_SIZE="2", RANK="0", MASTER_PORT="http"), "MASTER_PORT"),
-            ("MASTER_ADDR unresolvable", dict(WORLD_SIZE="2", RANK="1", MASTER_ADDR="no-such-host.invalid"),
-             "MASTER_ADDR")):
+            ("MASTER_ADDR unresolvable", dict(WORLD_SIZE="2", RANK="1", MASTER_ADDR="no-such-host.invalid",
+                                              RLNB_START_TIMEOUT="8"), "MASTER_ADDR")):
         case("hang", f"init_distributed: {what}", lambda t, e=env: _distributed(e), words=words, timeout=45,
-             isolated=True)
+             isolated=True, types=(ValueError, TypeError, RuntimeError))  # RankFailedError: a RuntimeError
     case("hang", "WORLD_SIZE 1.5", lambda t: _distributed(dict(WORLD_SIZE="1.5", RANK="0")), words="WORLD_SIZE",
          isolated=True)
     case("hang", "rlnb train with WORLD_SIZE 2 and no peer", lambda t: (os.environ.update(
-         WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())), cli("train", *QUICK)),
-         words="WORLD_SIZE", timeout=45, isolated=True)
+         WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RLNB_START_TIMEOUT="8"),
+         cli("train", *QUICK)),
+         words="RLNB_START_TIMEOUT", timeout=45, isolated=True, types=(CliRefused, CliFailed))  # exit 1: a rank failed
 
 
 # --- family "files": every file rlnb reads x corruptions ------------------------------------------------------------
@@ -1138,13 +1141,14 @@ def _errors_family() -> None:
                     return EnvStep(True, 0.0, state, {})
                 return Environment(step=step, reset=reset, name="hostile")
             case("errors", f"an environment whose {part} raises {type(exc).__name__}",
-                 lambda t, e=env: _env_rollout(e()), words=["hostile", part],
-                 types=(ValueError, TypeError, RuntimeError))
+                 lambda t, e=env: _env_rollout(e()), words=["hostile", part],  # the original's type, chained
+                 types=(ValueError, TypeError, RuntimeError, type(exc)))
     case("errors", "generator 'vllm' without vLLM installed", lambda t: train(cfg(generator="vllm")), words="vllm",
          types=(ValueError, TypeError, OSError, ImportError))
     case("errors", "create_vllm_generator without vLLM installed", lambda t: __import__(
          "rlnb.engines", fromlist=["x"]).create_vllm_generator(model(), gpu_memory_utilization=2.0)(
-         model(), tok(), ["1+1="], GenerationConfig()), words="vLLM", types=(ValueError, TypeError, ImportError))
+         model(), tok(), ["1+1="], GenerationConfig()), words="gpu_memory_utilization",
+         types=(ValueError, TypeError, ImportError))
     case("errors", "num_threads over the machine's cores", lambda t: train(cfg(num_threads=1024)), expect="either",
          words="num_threads")
     case("errors", "prompts of one blank string", lambda t: train(prompts=["   ", "1+1="], reward_fn=lambda r: 0.0),
