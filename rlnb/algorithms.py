@@ -462,9 +462,15 @@ def _spec(fn: str, name) -> AlgorithmSpec:
     return spec
 
 
+_number = lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)
 _OPTIONAL_KNOBS = {  # knobs whose default is None, and what else they take
     "max_completion_length": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                               "an int >= 1 (L_max of aggregation='constant') or None"),
+    "value_fn": (callable, "a function or None"),
+    "baseline_fn": (callable, "a function or None"),
+    "pair_selector": (lambda v: callable(v) or isinstance(v, str), "a function, a selector's name or None"),
+    "ratio_cap": (_number, "a number or None"),
+    "weights": (lambda v: isinstance(v, (list, tuple)) and all(map(_number, v)), "a list of numbers or None"),
 }
 
 

@@ -154,6 +154,10 @@ def hub_failures_named(
         known = ", ".join(sorted(k for k in registry if not k.startswith(".")))
         raise ValueError(f"{fn}: {name!r} is not a registered model name ({known}), a local folder or a .gguf file, "
                          f"and it could not be fetched from the Hugging Face hub ({str(e).splitlines()[0]})") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # a local folder with a damaged JSON file (tokenizer, config)
+        if not os.path.isdir(os.path.expanduser(name)): raise
+        raise ValueError(f"{fn}: the folder {name!r} holds a file that cannot be read ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:150]}); check its tokenizer and config files") from e
 
 # %% ../nbs/13_models.ipynb #6d17a186
 MODEL_LOADERS: dict[str, Callable[[ModelConfig], nn.Module]] = {}  # name or ".suffix" -> loader(config) -> model

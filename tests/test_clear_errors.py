@@ -42,3 +42,14 @@ def test_a_cache_path_with_blanks_or_control_characters_is_named(value, monkeypa
 def test_a_device_this_process_cannot_load_onto_is_named(device, says):
     with pytest.raises(ValueError, match=f"`device`='{device}'.*{says}"):
         load_model(ModelConfig("tiny", device=device))
+
+
+@pytest.mark.parametrize("content", [b"", b"\0" * 64, b"[" * 100_000])
+def test_a_tokenizer_folder_with_a_damaged_file_is_named(tmp_path, content):
+    import shutil
+    from rlnb.tiny import tiny_model_path
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_model_path(), folder)
+    (folder / "tokenizer.json").write_bytes(content)
+    with pytest.raises(ValueError, match=r"the folder '.*tok' holds a file that cannot be read"):
+        load_tokenizer(str(folder))

@@ -114,3 +114,12 @@ def test_a_max_completion_length_that_is_no_length_is_refused_for_every_algorith
         if "max_completion_length" not in spec.default_config: continue
         with pytest.raises(TypeError, match="`max_completion_length` .* must be an int >= 1"):
             create_algorithm_config(name, max_completion_length=value)
+
+
+@pytest.mark.parametrize("name, knob, value", [("ppo", "value_fn", 5), ("dpo", "pair_selector", 5),
+                                               ("reinforce", "baseline_fn", "mean"), ("dppo", "ratio_cap", "1"),
+                                               ("gdpo", "weights", "1,1")])
+def test_a_knob_whose_default_is_none_refuses_what_it_cannot_use(name, knob, value):
+    from rlnb.algorithms import create_algorithm_config
+    with pytest.raises(TypeError, match=f"`{knob}` of '{name}' must be"):
+        create_algorithm_config(name, **{knob: value})

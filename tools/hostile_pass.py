@@ -1241,7 +1241,9 @@ def judge(c: Case, result, error: BaseException | None, said: list[str], t: Path
         msg = f"{type(error).__name__}: {message_of(error)}"
         if c.expect == "accept": return "raw", "a good input refused: " + msg
         types = c.types or CLEAR_TYPES
-        if isinstance(error, types) and not isinstance(error, RAW_TYPES) and all(w in msg for w in c.words):
+        # a case that names its types accepts them (e.g. an environment's own error, chained under rlnb's message)
+        explicit = bool(c.types) or not isinstance(error, RAW_TYPES)
+        if isinstance(error, types) and explicit and all(w in msg for w in c.words):
             return "clear", msg
         return "raw", msg
     last = result[-1] if isinstance(result, tuple) and result else result  # (setup, ..., the call's result)
