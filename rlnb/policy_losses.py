@@ -288,6 +288,9 @@ def compute_clip_cov_advantages(
     B, C = check_2d(fn, "old_logprobs", old_logprobs).shape
     check_2d(fn, "loss_mask", loss_mask, (B, C), like="old_logprobs")
     check_finite_number(fn, "clip_cov_ratio", clip_cov_ratio)
+    if not 0 < clip_cov_ratio <= 1:  # a share of the batch's tokens
+        raise ValueError(f"{fn}: `clip_cov_ratio`={clip_cov_ratio!r} must be in (0, 1]: the share of the tokens whose "
+                         "advantage is cut (the paper: 2e-4)")
     check_finite_number(fn, "clip_cov_low", clip_cov_low, -math.inf)
     check_finite_number(fn, "clip_cov_high", clip_cov_high, clip_cov_low)
     adv = compute_grpo_advantages(rewards, group_ids, scale=scale, eps=eps)  # (B,)

@@ -72,6 +72,7 @@ def _check_gguf_sizes(
         nonlocal pos
         if kind in _GGUF_SCALAR_BYTES:
             need(1, _GGUF_SCALAR_BYTES[kind], f"the value of {key!r}")
+            if kind == 7 and data[pos] > 1: raise ValueError(f"the bool {key!r} holds {data[pos]}, not 0 or 1")
             pos += _GGUF_SCALAR_BYTES[kind]
         elif kind == _GGUF_STRING: text(f"a string in {key!r}")
         elif kind == _GGUF_ARRAY and depth == 0:

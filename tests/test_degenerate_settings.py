@@ -3,6 +3,7 @@ before anything loads, naming the setting; the spec's `check_config` says which.
 import re
 
 import pytest
+import torch
 
 import rlnb.training as training
 from rlnb.algorithms import get_algorithm_config
@@ -123,3 +124,12 @@ def test_a_knob_whose_default_is_none_refuses_what_it_cannot_use(name, knob, val
     from rlnb.algorithms import create_algorithm_config
     with pytest.raises(TypeError, match=f"`{knob}` of '{name}' must be"):
         create_algorithm_config(name, **{knob: value})
+
+
+@pytest.mark.parametrize("ratio", [1.5, 0.0])
+def test_a_clip_cov_share_outside_0_1_is_refused(ratio):
+    from rlnb.policy_losses import compute_clip_cov_advantages
+    lp, mask = torch.zeros(4, 3), torch.ones(4, 3)
+    with pytest.raises(ValueError, match=r"`clip_cov_ratio`=.* must be in \(0, 1\]"):
+        compute_clip_cov_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]), old_logprobs=lp,
+                                    loss_mask=mask, clip_cov_ratio=ratio)

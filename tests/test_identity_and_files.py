@@ -244,3 +244,17 @@ def test_custom_config_reaches_smollm2s_from_pretrained():
     model = load_model(ModelConfig("smollm2", custom_config={"attn_implementation": "eager"}, device="cpu"))
     assert model.config._attn_implementation == "eager"
 
+
+
+def test_a_gguf_bool_that_is_neither_0_nor_1_is_refused(tmp_path):
+    path = tmp_path / "flag.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_bool("test.flag", True)
+    writer.add_tensor("blk.0.ffn_up.weight", np.ones((4, 8), np.float32))
+    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    data = bytearray(path.read_bytes())
+    at = data.index(b"test.flag") + len(b"test.flag") + 4  # the key, its value type (4 bytes), then the bool
+    assert data[at] == 1
+    data[at] = 2
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match="the bool 'test.flag' holds 2, not 0 or 1"): inspect_gguf(path)
