@@ -288,6 +288,10 @@ def load_tokenizer(
                          "`import rlnb.tiny` registers it")
     else:
         name = _checked_name(config.model_name_or_path, "load_tokenizer")
+        odd = [f for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")  # transformers skips them
+               if os.path.lexists(os.path.join(os.path.expanduser(name), f))
+               and not os.path.isfile(os.path.join(os.path.expanduser(name), f))]
+        if odd: raise ValueError(f"load_tokenizer: {odd[0]} in the folder {name!r} is not a file; restore it")
         with hub_failures_named(name, TOKENIZER_LOADERS, "load_tokenizer"):
             tokenizer = auto_tokenizer(name, config.trust_remote_code)
     return prepare_tokenizer(tokenizer, padding_side, fn="load_tokenizer")

@@ -53,3 +53,14 @@ def test_a_tokenizer_folder_with_a_damaged_file_is_named(tmp_path, content):
     (folder / "tokenizer.json").write_bytes(content)
     with pytest.raises(ValueError, match=r"the folder '.*tok' holds a file that cannot be read"):
         load_tokenizer(str(folder))
+
+
+def test_a_tokenizer_file_that_is_a_folder_is_named(tmp_path):
+    import shutil
+    from rlnb.tiny import tiny_model_path
+    folder = tmp_path / "tok"
+    shutil.copytree(tiny_model_path(), folder)
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").mkdir()  # transformers would load a tokenizer that encodes nothing
+    with pytest.raises(ValueError, match=r"tokenizer.json in the folder '.*tok' is not a file"):
+        load_tokenizer(str(folder))
