@@ -354,6 +354,9 @@ _KNOB_BAD = {  # knob -> values that make a run meaningless or are of another ki
     "whiten": ["no", 2, None], "value_fn": [5, "x"], "vf_coef": [nan, -1.0], "value_clip": [-1.0, nan],
     "kl_penalty": ["rewardz", 3], "baseline_fn": [5, "mean"], "kl_estimator": ["k7", 3], "pair_selector": [5, "best"],
     "min_margin": [nan, -1.0], "scale": ["max", None, 1]}
+_KNOB_GOOD = {  # (algorithm, knob, value) among the values above that are right for that algorithm
+    ("cispo", "clip_eps", 1.5): "1 - clip_eps < 0: no lower bound, CISPO's own choice",
+    ("clip_cov", "clip_cov_low", -1.0): "a covariance band may start below 0"}
 _SHARED_KNOBS = ("clip_eps", "clip_eps_high", "eps", "beta", "aggregation", "max_completion_length", "kl_fn",
                  "log_ratio_clip", "dual_clip")  # in many algorithms: two values each are enough
 
@@ -377,6 +380,11 @@ def _degenerate_family() -> None:
             # one value per knob, a different one from one algorithm to the next
             values = [values[(j + len(name)) % len(values)]]
             for v in values:
+                if (name, knob, v) in _KNOB_GOOD:  # a value the paper uses: it must train
+                    case("degenerate", f"{name}: {knob}={v!r} ({_KNOB_GOOD[name, knob, v]})", lambda t, n=name,
+                         k=knob, v=v: _algo_run(n, **{k: v}).iteration, expect="accept",
+                         check=lambda r, t: None if r == 1 else f"iteration {r}", timeout=40)
+                    continue
                 case("degenerate", f"{name}: {knob}={v!r}", lambda t, n=name, k=knob, v=v: _algo_run(n, **{k: v}),
                      words=knob, timeout=40)
         if name in ("grpo", "ppo", "dpo", "sapo", "opd"):
@@ -388,8 +396,9 @@ def _degenerate_family() -> None:
                  algorithm=n, group_size=1, teacher="tiny" if n == "opd" else None)), words="group_size")
     case("degenerate", "temperature 1e-6: every group's completions equal", lambda t: train(cfg(
          temperature=1e-6, group_size=4, num_iterations=2)), words="trains on nothing")
-    case("degenerate", "entropy_top_fraction 1e-9: no token kept", lambda t: train(cfg(
-         entropy_top_fraction=1e-9, group_size=4)), words="entropy_top_fraction")
+    case("degenerate", "entropy_top_fraction 1e-9: the mask keeps its one token", lambda t: train(cfg(
+         entropy_top_fraction=1e-9, group_size=4)).iteration, expect="accept",  # at least one token, by design
+         check=lambda r, t: None if r == 1 else f"iteration {r}")
     case("degenerate", "dapo: every group filtered (equal rewards)", lambda t: train(cfg(
          algorithm="dapo", group_size=2, max_new_tokens=5, overlong_buffer=0), reward_fn=lambda r: 1.0),
          words="dynamic")
@@ -1016,7 +1025,7 @@ def _resume_family() -> None:
     for value in (-7, 2.5, 10**30, "3", None, True, [1]):
         case("resume", f"resume with the DataBuffer position drawn={value!r} in state.json",
              lambda t, v=value: _resume_buffer(t, drawn=v), words="DataBuffer", timeout=40)
-    for field, value in (("size", 3), ("seed", 99), ("seed", "0")):
+    for field, value in (("size", 5), ("seed", 99), ("seed", "0")):  # the buffer holds 3 prompts
         case("resume", f"resume with the DataBuffer {field}={value!r} in state.json",
              lambda t, f=field, v=value: _resume_buffer(t, **{f: v}), words="DataBuffer", timeout=40)
     for key, value in (("iteration", -1), ("global_step", -3), ("iteration", True), ("global_step", "2"),
