@@ -137,7 +137,7 @@ def check_engine_options(
     for name in _ENGINE_COUNTS + _ENGINE_PARALLEL:
         v, most = options.get(name), gpus if name in _ENGINE_PARALLEL else None
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1 or (most and v > most)):
-            where = f" and at most {most}, the GPUs of this machine" if most else ""
+            where = f" and at most {most}, the GPUs torch sees" if most else ""
             raise ValueError(f"{fn}: `{name}` must be an int >= 1{where}, got {reprlib.repr(v)}")
     for name in _ENGINE_FLAGS:
         if name in options and not isinstance(options[name], bool):
