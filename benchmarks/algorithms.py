@@ -49,6 +49,8 @@ reference, mean ± std over seeds.
     python benchmarks/algorithms.py --algorithms grpo --set grpo.learning_rate=5e-3   # change one setting
     python benchmarks/algorithms.py --task tool_use --workers 2 --json zoo.json   # saved as each run ends, then
     python benchmarks/algorithms.py --report zoo.json     # the table and zoo.png again (also of a stopped sweep)
+    python benchmarks/algorithms.py --workers 2 --json zoo.json --resume   # run only what zoo.json lacks (a stopped
+                                                          # sweep, or algorithms registered since)
 
 Results: benchmarks/README.md, "The algorithm zoo".
 """
@@ -161,6 +163,9 @@ def parse_args(argv=None):
                                                 "algorithms_tool_use.png, algorithms_smollm2.png)")
     p.add_argument("--json", default="", help="write every run (curves included) to this JSON file ('' = none); "
                                                "rewritten as each run ends, marked partial until the sweep ends")
+    p.add_argument("--resume", action="store_true",
+                   help="with --json: keep the finished runs already in that file whose task, algorithm, seed and "
+                        "settings are this sweep's, and run only the others (a stopped sweep, or new algorithms)")
     p.add_argument("--report", default="", metavar="JSON",
                    help="run nothing: print the table of a sweep saved with --json (a stopped one: the runs it "
                         "finished) and draw its plot at --plot (default: the JSON's name, .png); the other options "
@@ -177,6 +182,7 @@ def parse_args(argv=None):
     if args.grpo_seeds is None: args.grpo_seeds = args.seeds
     if args.plot is None and not args.report:
         args.plot = str(HERE / ("algorithms.png" if args.task == "addition" else f"algorithms_{args.task}.png"))
+    if args.resume and not args.json: p.error("--resume needs --json FILE: the sweep to continue")
     if args.iterations < 1: p.error(f"--iterations must be >= 1, got {args.iterations}")
     if not 0 <= args.warmup <= args.iterations: p.error(f"--warmup must be in [0, --iterations], got {args.warmup}")
     return args
@@ -356,6 +362,7 @@ def launch(spec: dict) -> dict:
                     error=f"rc={proc.returncode}: {proc.stderr[-3000:]}")
     out = json.loads(line[-1][7:])
     out["process_s"] = time.perf_counter() - t
+    out["commit"] = spec.get("commit", "?")
     return out
 
 
@@ -563,6 +570,55 @@ def report(results: list[dict], names: list[str], args) -> None:
     if args.plot and plot(by_algo, args, args.plot): print(f"\nplot: {args.plot}")
 
 
+def machine() -> dict:
+    "The CPU the runs ran on: its model, cores, and whether it has AVX-512 (with bf16), from /proc/cpuinfo."
+    info = dict(cpu=platform.processor() or platform.machine(), cores=os.cpu_count() or 1,
+                system=platform.platform(terse=True), avx512=False, avx512_bf16=False)
+    try: text = Path("/proc/cpuinfo").read_text()
+    except OSError: return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name": info["cpu"] = value.strip()
+        if key.strip() == "flags":
+            flags = set(value.split())
+            info.update(avx512="avx512f" in flags, avx512_bf16="avx512_bf16" in flags)
+            break
+    return info
+
+
+def describe(m: dict) -> str:
+    "One line for the machine: 'Intel(R) Xeon(R) ..., 2 cores, AVX-512 with bf16'."
+    vector = "AVX-512 with bf16" if m.get("avx512_bf16") else "AVX-512" if m.get("avx512") else "no AVX-512"
+    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {vector}"
+
+
+def source_commit() -> str:
+    "The rlnb commit the runs ran (git describe of the checkout, '+changes' when it had uncommitted changes)."
+    try:
+        head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(HERE.parent), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError): return "?"
+    return (head or "?") + ("+changes" if dirty else "")
+
+
+def resumable(path: str, specs: list[dict]) -> list[dict]:
+    "The finished runs saved in `path` that are runs of `specs` (same task, algorithm, seed, settings and lengths)."
+    if not Path(path).exists(): return []
+    info = json.loads(Path(path).read_text())
+    keys = ("task", "iterations", "warmup", "eval_every", "eval_size", "threads")
+    wanted = {(s["algorithm"], s["seed"]): s for s in specs}
+    kept = []
+    for r in finished(info.get("runs", [])):
+        spec = wanted.get((r["algorithm"], r["seed"]))
+        run_keys = dict(info["args"], task=r.get("task"), threads=r.get("threads"))
+        if spec is None or r.get("settings") != spec["settings"]: continue
+        if any(run_keys.get(k) != spec[k] for k in keys): continue
+        kept.append(r)
+    return kept
+
+
 def save(path: str, args, names: list[str], results: list[dict], cpus: int, load_average: dict, elapsed: float,
          partial: bool = False) -> None:
     "Write every run (curves included), the settings and the machine to a JSON file; `--report` reads it back."
@@ -571,10 +627,19 @@ def save(path: str, args, names: list[str], results: list[dict], cpus: int, load
     info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                               python=platform.python_version()),
+                machine=machine(), commits=sorted({r.get("commit", "?") for r in results}),
                 load_average=load_average, elapsed_s=elapsed, partial=partial,
                 summary={n: [summarize(r) for r in finished(results) if r["algorithm"] == n] for n in names},
                 runs=results)
-    write_atomically(path, json.dumps(info, indent=1, default=str))  # never a half-written file
+    write_atomically(path, json.dumps(rounded(info), separators=(",", ":"), default=str))  # never half-written
+
+
+def rounded(x, digits: int = 6):
+    "`x` with every float rounded to `digits` significant digits (a sweep's curves in a file a repository can hold)."
+    if isinstance(x, float): return float(f"{x:.{digits}g}")
+    if isinstance(x, dict): return {k: rounded(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [rounded(v, digits) for v in x]
+    return x
 
 
 def main(argv=None):
@@ -620,17 +685,24 @@ def main(argv=None):
                   settings=settings_for(n, args.set, args.task), output_dir=str(tmp / f"{n}_seed{s}"))
              for s in sorted(set(seeds) | set(seeds_of("grpo"))) for n in names
              if s in seeds_of(n)]
+    commit = source_commit()
+    for spec in specs: spec["commit"] = commit
+    done = resumable(args.json, specs) if args.resume else []
+    if done:
+        finished_keys = {(r["algorithm"], r["seed"]) for r in done}
+        specs = [s for s in specs if (s["algorithm"], s["seed"]) not in finished_keys]
+        print(f"--resume: {len(done)} finished run(s) kept from {args.json}; {len(specs)} to run")
     load_start = os.getloadavg()
     import torch, transformers
     print(f"rlnb {getattr(rlnb, '__version__', '?')}, torch {torch.__version__}, "
           f"transformers {transformers.__version__}; {cpus} CPUs, "
-          f"load average {load_start[0]:.2f} (1 min) at the start")
+          f"load average {load_start[0]:.2f} (1 min) at the start; rlnb at {commit}\nmachine: {describe(machine())}")
     grpo_note = f" (GRPO {len(grpo_seeds)})" if grpo_seeds != seeds else ""
     print(f"task {args.task}: {len(names)} algorithms x {len(seeds)} seeds{grpo_note}, {args.iterations} iterations "
           f"each (cosine, warm-up {args.warmup}), {args.workers} worker(s) x {args.threads} torch thread(s); "
           f"evaluation every {args.eval_every} iterations on {args.eval_size} prompts; runs in {tmp}", flush=True)
     t0 = time.perf_counter()
-    results = []
+    results = list(done)
     if args.json:  # a bad path fails now, not after the first run
         save(args.json, args, names, results, cpus, dict(start=load_start), 0.0, partial=True)
     with ThreadPoolExecutor(max_workers=args.workers) as pool:

@@ -1,5 +1,5 @@
 "The helpers of benchmarks/algorithms.py (the algorithm zoo): noise rule, smoothing, panels, settings, --json/--report."
-import importlib.util, math
+import importlib.util, json, math
 from pathlib import Path
 
 import pytest
@@ -86,3 +86,27 @@ def test_report_while_some_algorithm_has_no_run(tmp_path, capsys):
     zoo.main(["--report", str(path), "--plot", ""])
     out = capsys.readouterr().out
     assert "no finished run yet: cispo" in out and "| grpo (0.002) |" in out and "| cispo" not in out
+
+
+def test_resume_keeps_only_the_runs_of_this_sweep(tmp_path):
+    "--resume: a saved run counts when its task, algorithm, seed, settings and lengths are the sweep's; others rerun."
+    spec = dict(algorithm="grpo", seed=0, task="addition", iterations=3, warmup=1, eval_every=1, eval_size=8,
+                threads=1, settings=dict(learning_rate=2e-3))
+    run = dict(_run("grpo", 0, 0.5), task="addition", threads=1, settings=dict(learning_rate=2e-3))
+    args = dict(iterations=3, warmup=1, eval_every=1, eval_size=8)
+    path = tmp_path / "zoo.json"
+    failed = dict(algorithm="dapo", seed=0, error="rc=1")
+    path.write_text(json.dumps(dict(args=args, runs=[run, failed])))
+    other = dict(spec, algorithm="dapo")
+    assert zoo.resumable(str(path), [spec, other]) == [run]  # the failed dapo run is run again
+    assert zoo.resumable(str(path), [dict(spec, settings=dict(learning_rate=1e-3))]) == []  # another setting
+    assert zoo.resumable(str(path), [dict(spec, iterations=4)]) == []  # another length
+    assert zoo.resumable(str(path), [dict(spec, seed=1)]) == []
+    assert zoo.resumable(str(tmp_path / "missing.json"), [spec]) == []
+
+
+def test_machine_is_described_and_floats_rounded():
+    m = zoo.machine()
+    assert m["cores"] >= 1 and isinstance(m["avx512"], bool)
+    assert zoo.describe(dict(cpu="X", cores=2, avx512=True, avx512_bf16=False)) == "X, 2 cores, AVX-512"
+    assert zoo.rounded({"a": [0.123456789, 2], "b": 1e-9 / 3}) == {"a": [0.123457, 2], "b": 3.33333e-10}
