@@ -55,7 +55,7 @@ reference, mean ± std over seeds.
 Results: benchmarks/README.md, "The algorithm zoo".
 """
 from __future__ import annotations
-import argparse, importlib.util, json, math, os, platform, subprocess, sys, tempfile, time
+import argparse, importlib.util, json, math, os, platform, shlex, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -624,7 +624,9 @@ def save(path: str, args, names: list[str], results: list[dict], cpus: int, load
     "Write every run (curves included), the settings and the machine to a JSON file; `--report` reads it back."
     import torch, transformers
     from rlnb.cache import write_atomically
-    info = dict(args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names}, cpus=cpus,
+    command = " ".join(["python", "benchmarks/algorithms.py", *map(shlex.quote, sys.argv[1:])])
+    info = dict(command=command, args=vars(args), settings={n: settings_for(n, args.set, args.task) for n in names},
+                cpus=cpus,
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__,
                               python=platform.python_version()),
                 machine=machine(), commits=sorted({r.get("commit", "?") for r in results}),
