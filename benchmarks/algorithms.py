@@ -51,11 +51,12 @@ reference, mean ± std over seeds.
     python benchmarks/algorithms.py --report zoo.json     # the table and zoo.png again (also of a stopped sweep)
     python benchmarks/algorithms.py --workers 2 --json zoo.json --resume   # run only what zoo.json lacks (a stopped
                                                           # sweep, or algorithms registered since)
+    python benchmarks/algorithms.py --json zoo.json.gz    # the same, gzip-compressed (a tenth of the size)
 
 Results: benchmarks/README.md, "The algorithm zoo".
 """
 from __future__ import annotations
-import argparse, importlib.util, json, math, os, platform, shlex, subprocess, sys, tempfile, time
+import argparse, gzip, importlib.util, json, math, os, platform, shlex, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -348,11 +349,16 @@ def run_one(spec: dict) -> dict:
                 threads=torch.get_num_threads(), iters=iters, evals=evals)
 
 
+def child_env(threads: int) -> dict:
+    "The environment of a run's process: `threads` torch and OpenMP threads, no plot window."
+    n = str(threads)
+    return {**os.environ, "OMP_NUM_THREADS": n, "RLNB_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+            "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
+
+
 def launch(spec: dict) -> dict:
     "One run in a child process with `spec['threads']` torch threads; its JSON result (or the error)."
-    threads = str(spec["threads"])
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "RLNB_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-           "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
+    env = child_env(spec["threads"])
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
                           capture_output=True, text=True, env=env)
@@ -504,9 +510,12 @@ def panels(names: list[str]) -> list[tuple[str, list[str]]]:
     return out or [("GRPO", ref)]
 
 
-def plot(by_algo: dict[str, list[dict]], args, path: str):
+def plot(by_algo: dict[str, list[dict]], args, path: str | None, by_row: bool = False):
+    """Sampled reward and the evaluation against the iteration, mean ± std over seeds, one panel pair per family:
+    columns (by_row=False: reward on top) or rows (by_row=True: reward left, for a page). Saved at `path` and closed;
+    with path=None left open for a notebook to show."""
     import matplotlib
-    matplotlib.use("Agg")
+    if path: matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ok = {n: [r for r in finished(runs) if r["iters"]] for n, runs in by_algo.items()}
     names = [n for n in by_algo if ok[n]]
@@ -514,12 +523,14 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
         print("no run finished: nothing to plot")
         return False
     groups = panels(names)
-    fig, axes = plt.subplots(2, len(groups), figsize=(5.2 * len(groups), 7.6), squeeze=False)
+    count = len(groups)
+    fig, axes = (plt.subplots(count, 2, figsize=(11, 3.6 * count), squeeze=False) if by_row
+                 else plt.subplots(2, count, figsize=(5.2 * count, 7.6), squeeze=False))
     cmap = plt.get_cmap("tab10")
     window = max(1, args.iterations // 20)
     task = TASKS[args.task]
     for col, (title, group) in enumerate(groups):
-        ax, bx = axes[0][col], axes[1][col]
+        ax, bx = (axes[col][0], axes[col][1]) if by_row else (axes[0][col], axes[1][col])
         for i, n in enumerate(group):
             runs = ok[n]
             style = dict(color="black", lw=1.5, ls="--", zorder=5) if n == "grpo" else dict(color=cmap(i % 10), lw=2)
@@ -547,8 +558,9 @@ def plot(by_algo: dict[str, list[dict]], args, path: str):
     fig.suptitle(f"{args.task}: {args.iterations} iterations per run, cosine schedule (warm-up {args.warmup}), "
                  f"{args.threads} torch thread(s) per run\nmean ± std over {over}; GRPO dashed in each panel")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    if path:
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
     return True
 
 
@@ -606,7 +618,7 @@ def source_commit() -> str:
 def resumable(path: str, specs: list[dict]) -> list[dict]:
     "The finished runs saved in `path` that are runs of `specs` (same task, algorithm, seed, settings and lengths)."
     if not Path(path).exists(): return []
-    info = json.loads(Path(path).read_text())
+    info = read_json(path)
     keys = ("task", "iterations", "warmup", "eval_every", "eval_size", "threads")
     wanted = {(s["algorithm"], s["seed"]): s for s in specs}
     kept = []
@@ -633,7 +645,14 @@ def save(path: str, args, names: list[str], results: list[dict], cpus: int, load
                 load_average=load_average, elapsed_s=elapsed, partial=partial,
                 summary={n: [summarize(r) for r in finished(results) if r["algorithm"] == n] for n in names},
                 runs=results)
-    write_atomically(path, json.dumps(rounded(info), separators=(",", ":"), default=str))  # never half-written
+    text = json.dumps(rounded(info), separators=(",", ":"), default=str)
+    write_atomically(path, gzip.compress(text.encode(), mtime=0) if path.endswith(".gz") else text)  # never half
+
+
+def read_json(path: str) -> dict:
+    "A sweep saved with --json (gzip-compressed when its name ends in .gz)."
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if path.endswith(".gz") else data)
 
 
 def rounded(x, digits: int = 6):
@@ -647,10 +666,10 @@ def rounded(x, digits: int = 6):
 def main(argv=None):
     args = parse_args(argv)
     if args.report:  # the table and plot again from a saved sweep (a finished or a stopped one)
-        info = json.loads(Path(args.report).read_text())
+        info = read_json(args.report)
         if "task" not in info.get("args", {}):
             sys.exit(f"--report: {args.report} was not saved by this script's --json (no args.task in it)")
-        plot = str(Path(args.report).with_suffix(".png")) if args.plot is None else args.plot
+        plot = (args.report.removesuffix(".gz").removesuffix(".json") + ".png") if args.plot is None else args.plot
         saved = dict(info["args"], plot=plot)  # never the sweep's own plot: that one may be a recorded figure
         saved.setdefault("grpo_seeds", saved["seeds"])  # saved before --grpo-seeds existed
         saved = argparse.Namespace(**saved)

@@ -110,3 +110,13 @@ def test_machine_is_described_and_floats_rounded():
     assert m["cores"] >= 1 and isinstance(m["avx512"], bool)
     assert zoo.describe(dict(cpu="X", cores=2, avx512=True, avx512_bf16=False)) == "X, 2 cores, AVX-512"
     assert zoo.rounded({"a": [0.123456789, 2], "b": 1e-9 / 3}) == {"a": [0.123457, 2], "b": 3.33333e-10}
+
+
+def test_a_gzip_sweep_reads_back(tmp_path):
+    "--json NAME.gz writes the sweep gzip-compressed; --resume and --report read it back."
+    import gzip
+    info = dict(args=dict(iterations=3, warmup=1, eval_every=1, eval_size=8), runs=[])
+    path = tmp_path / "zoo.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(info).encode()))
+    assert zoo.read_json(str(path)) == info
+    assert zoo.resumable(str(path), []) == []
