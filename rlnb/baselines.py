@@ -18,7 +18,7 @@ from .core import Batch, CollatedBatch, GenerationConfig, group_stats, model_dev
 from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, check_clip_config, compute_grpo_advantages,
                              grpo_loss)
 from .catalogue import compute_reinforce_pp_advantages, reinforce_loss
-from .generation import forward_parameters, position_ids
+from .generation import forward_parameters, logits_to_keep_argument, position_ids
 from .rollouts import create_batch_rollouts
 
 # %% auto #0
@@ -287,12 +287,14 @@ def compute_sum_pi_squared(
     "How peaked each next-token distribution is, sum_v pi(v)^2 (1: certain, 1/V: uniform), from one forward pass."
     B, C = input_ids.shape[0], completion_length
     params, device, size = forward_parameters(model), model_device(model), micro_batch_size or B
+    keep = logits_to_keep_argument(params)  # logits for the last C + 1 positions only, where the model can
     out = []
     for s in range(0, B, size):
         ids, mask = input_ids[s:s + size].to(device), attention_mask[s:s + size].to(device)
         kwargs = {"input_ids": ids, "attention_mask": mask}
         if "position_ids" in params: kwargs["position_ids"] = position_ids(mask)
         if "use_cache" in params: kwargs["use_cache"] = False
+        if keep: kwargs[keep] = C + 1
         z = model(**kwargs).logits[:, -(C + 1):-1].float() / temperature  # (b, C, V): position P+t-1 predicts t
         out.append(torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1)))  # (b, C)
     return torch.cat(out)

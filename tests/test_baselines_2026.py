@@ -193,6 +193,19 @@ def test_sum_pi_squared_is_the_softmax_square_sum():
             torch.testing.assert_close(got[i, :len(r.token_ids)], (z.softmax(-1) ** 2).sum(-1), atol=1e-5, rtol=1e-5)
 
 
+def test_otb_prepare_batch_scores_at_the_runs_temperature():
+    from rlnb.baselines import prepare_otb_batch
+    from rlnb.core import TrainingConfig, TrainingState
+    model, tok = load_tiny_model("addition", progress=False)
+    cb = collate([Rollout("p", prompt_token_ids=tok("2+2=")["input_ids"], token_ids=tok(t)["input_ids"], rewards=0.0)
+                  for t in ("4", "22")], tok.pad_token_id)
+    state = TrainingState(0, 0, model, None, None, metadata={"config": TrainingConfig(temperature=0.7)})
+    got = prepare_otb_batch(state, cb).sum_pi_squared
+    C = cb.completion_ids.shape[1]
+    torch.testing.assert_close(got, compute_sum_pi_squared(model, cb.input_ids, cb.attention_mask, C, 0.7))
+    assert not torch.allclose(got, compute_sum_pi_squared(model, cb.input_ids, cb.attention_mask, C, 1.0))
+
+
 def test_sequence_mean_token_sum_by_hand_verl_and_gradient():
     mask = torch.tensor([[1., 1, 0], [1, 1, 1]])
     loss_tok = torch.tensor([[1., 2, 99], [3, 4, 5]], requires_grad=True)
