@@ -104,6 +104,12 @@ SETTINGS: dict[str, dict] = {
     "opd": dict(learning_rate=2e-3),
     # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
+    # the 2025-2026 baselines (nbs/37_baselines.ipynb), GRPO's learning rate (not tuned separately)
+    "reinforce++_baseline": dict(learning_rate=2e-3),  # group mean, then whitened over the batch's tokens
+    "opo": dict(learning_rate=2e-3),  # the group's length-weighted mean reward as baseline
+    "gpg": dict(learning_rate=2e-3),  # -A log pi, no clip, advantages scaled by B over the non-zero rewards
+    "lite_ppo": dict(learning_rate=2e-3),  # group mean, batch std, token-level loss
+    "otb": dict(learning_rate=2e-3),  # a baseline per token, weighted by the realized energy
 }
 DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
 
@@ -127,7 +133,8 @@ TASKS: dict[str, dict] = {
 FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_passk")),
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
-            ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
+            ("DPO, PPO, distillation", ("dpo", "ppo", "opd")),
+            ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)

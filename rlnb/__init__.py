@@ -52,7 +52,7 @@ from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
 from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
 from .entropy import *  # entropy control: the bonus, the high-entropy token mask, the adaptive weight
-from .baselines import *  # registers maxrl, gdpo, remax in ALGORITHMS
+from .baselines import *  # registers maxrl, gdpo, remax, reinforce++_baseline, opo, gpg, lite_ppo, otb in ALGORITHMS
 from .passk import *  # evaluate_pass_at_k, compute_passk_advantages; registers grpo_passk
 from .distillation import *  # registers opd: on-policy distillation from a teacher's per-token log-probs
 from .loggers import *

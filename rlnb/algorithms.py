@@ -86,12 +86,12 @@ def clipped_surrogate_objective(
     return torch.minimum(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + high) * advantages)
 
 # %% ../nbs/30_algorithms.ipynb #b6780041
-AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+AGGREGATIONS = ("token_mean", "sequence_mean", "constant", "sequence_mean_token_sum")
 
 def aggregate_loss(
     per_token_loss: Tensor,  # (B, C) loss of every completion token (garbage allowed where the mask is 0)
     loss_mask: Tensor,  # (B, C) 1 on tokens that count, 0 elsewhere
-    # "token_mean", "sequence_mean", "constant", or fn(per_token_loss, loss_mask) -> scalar
+    # "token_mean", "sequence_mean", "constant", "sequence_mean_token_sum", or fn(per_token_loss, loss_mask) -> scalar
     aggregation: str | Callable = "token_mean",
     max_completion_length: int | None = None,  # L_max for "constant" (default: C); ignored otherwise
 ) -> Tensor:  # scalar
@@ -103,6 +103,7 @@ def aggregate_loss(
     masked = torch.where(m > 0, per_token_loss * m, torch.zeros_like(per_token_loss))  # (B, C); no NaN*0
     if aggregation == "token_mean": return masked.sum() / m.sum().clamp(min=1)
     if aggregation == "sequence_mean": return (masked.sum(1) / m.sum(1).clamp(min=1)).mean()
+    if aggregation == "sequence_mean_token_sum": return masked.sum(1).mean()  # (B,) token sums, averaged
     if aggregation == "constant":
         B, C = per_token_loss.shape
         L = C if max_completion_length is None else max_completion_length

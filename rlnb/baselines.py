@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/baselines.html.md"""
 
 # %% ../nbs/37_baselines.ipynb #96dc80ad
 from __future__ import annotations
-import time
+import math, time
 from types import MappingProxyType
 from typing import Callable
 
@@ -14,13 +14,17 @@ import torch
 from torch import Tensor
 
 from .checks import check_finite_number, resolve_group_ids, rewards_1d
-from .core import Batch, GenerationConfig, group_stats
-from .algorithms import ALGORITHMS, AlgorithmSpec, check_clip_config, compute_grpo_advantages, grpo_loss
-from .catalogue import compute_reinforce_pp_advantages
+from .core import Batch, CollatedBatch, GenerationConfig, group_stats, model_device
+from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, check_clip_config, compute_grpo_advantages,
+                             grpo_loss)
+from .catalogue import compute_reinforce_pp_advantages, reinforce_loss
+from .generation import forward_parameters, logits_to_keep_argument, position_ids
 from .rollouts import create_batch_rollouts
 
 # %% auto #0
-__all__ = ['compute_maxrl_advantages', 'compute_gdpo_advantages', 'compute_remax_advantages', 'create_greedy_baseline_rollout_fn']
+__all__ = ['compute_maxrl_advantages', 'compute_gdpo_advantages', 'compute_remax_advantages', 'create_greedy_baseline_rollout_fn',
+           'compute_reinforce_pp_baseline_advantages', 'check_baseline_config', 'compute_opo_advantages',
+           'compute_gpg_advantages', 'compute_sum_pi_squared', 'prepare_otb_batch', 'compute_otb_advantages']
 
 # %% ../nbs/37_baselines.ipynb #cd82bded
 def compute_maxrl_advantages(
@@ -165,3 +169,191 @@ def create_greedy_baseline_rollout_fn(
 ALGORITHMS["remax"] = AlgorithmSpec(compute_remax_advantages, grpo_loss, MappingProxyType(dict(_LOSS_DEFAULTS)),
                                     group_relative=False, rollout_wrapper=create_greedy_baseline_rollout_fn,
                                     check_config=check_clip_config)
+
+# %% ../nbs/37_baselines.ipynb #cf5f90d6
+def _tokens_per_row(fn: str, loss_mask, B: int) -> Tensor:
+    "(B,) float: how many tokens each row's advantage is spread on (`loss_mask` (B, C) summed; None: 1 per row)."
+    if loss_mask is None: return torch.ones(B)
+    if not isinstance(loss_mask, Tensor) or loss_mask.ndim != 2 or loss_mask.shape[0] != B:
+        got = tuple(loss_mask.shape) if isinstance(loss_mask, Tensor) else type(loss_mask).__name__
+        raise ValueError(f"{fn}: `loss_mask` must be a ({B}, C) tensor, one row per reward; got {got}")
+    return (loss_mask > 0).float().sum(1)  # (B,)
+
+
+def _centred_in_group(r: Tensor, ids: Tensor) -> Tensor:
+    "(B,) each reward minus its group's mean; a group of one keeps its reward (verl's baseline 0 for it)."
+    stats = group_stats(r, ids)
+    return torch.where(stats.count[stats.index] > 1, r - stats.mean[stats.index], r)
+
+
+def compute_reinforce_pp_baseline_advantages(
+    rewards,  # (B,) one scalar reward per rollout
+    group_ids=None,  # (B,) group label per rollout, any order (None: the batch is one group)
+    loss_mask=None,  # (B, C) the tokens each row's advantage is spread on (a batch field); None: one per row
+    eps: float = 1e-8,  # added to the token variance under the square root (verl's masked_whiten)
+) -> Tensor:  # (B,) advantages, one per row (the same on each of its tokens), without grad
+    "REINFORCE++-baseline: each reward minus its group's mean, then whitened over the batch's tokens."
+    fn = "compute_reinforce_pp_baseline_advantages"
+    r = rewards_1d(fn, rewards)
+    check_finite_number(fn, "eps", eps)
+    ids = resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
+    centred = _centred_in_group(r, ids)  # (B,)
+    n = _tokens_per_row(fn, loss_mask, len(r)).to(r.device)  # (B,)
+    N = n.sum()
+    if N < 2: return torch.zeros_like(r)  # no spread to divide by
+    mean = (n * centred).sum() / (N + 1e-8)
+    var = (n * (centred - mean) ** 2).sum() / (N + 1e-8) * N / (N - 1)
+    return (centred - mean) * torch.rsqrt(var + eps)
+
+# %% ../nbs/37_baselines.ipynb #7b955704
+def check_baseline_config(
+    algorithm_config,  # {"name": ..., **knobs}: eps, f_norm, aggregation and the clip knobs it has
+    run_config=None,  # the run's TrainingConfig (unused)
+) -> None:
+    "The `check_config` of this chapter's later entries: their knobs in range before anything loads."
+    name = str(algorithm_config.get("name"))
+    check_clip_config(algorithm_config)
+    if "eps" in algorithm_config: check_finite_number(name, "eps", algorithm_config["eps"])
+    f_norm = algorithm_config.get("f_norm", 1.0)
+    if isinstance(f_norm, bool) or not isinstance(f_norm, (int, float)) or not 0 < f_norm < math.inf:
+        raise ValueError(f"{name}: `f_norm`={f_norm!r} must be a finite number > 0 (the advantages are divided by it)")
+    aggregation = algorithm_config.get("aggregation", "token_mean")
+    if not callable(aggregation) and aggregation not in AGGREGATIONS:
+        raise ValueError(f"{name}: `aggregation`={aggregation!r}, expected one of {AGGREGATIONS} or a function")
+
+
+_TOKEN_LOSS = {**_LOSS_DEFAULTS, "aggregation": "token_mean"}  # grpo_loss's knobs, verl's token-mean
+
+ALGORITHMS["reinforce++_baseline"] = AlgorithmSpec(
+    compute_reinforce_pp_baseline_advantages, grpo_loss, MappingProxyType(dict(eps=1e-8, **_TOKEN_LOSS)),
+    check_config=check_baseline_config)
+
+# %% ../nbs/37_baselines.ipynb #9a533bea
+def compute_opo_advantages(
+    rewards,  # (B,) one scalar reward per rollout
+    group_ids=None,  # (B,) group label per rollout, any order (None: the batch is one group)
+    loss_mask=None,  # (B, C) the completion tokens, whose count per row is its length (a batch field)
+) -> Tensor:  # (B,) advantages r - b, without grad
+    "OPO: each reward minus its group's mean reward weighted by completion length; no std."
+    fn = "compute_opo_advantages"
+    r = rewards_1d(fn, rewards)
+    ids = resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
+    n = _tokens_per_row(fn, loss_mask, len(r)).to(r.device)  # (B,) lengths
+    index = torch.unique(ids, return_inverse=True)[1]  # (B,) in 0..G-1
+    G = int(index.max()) + 1 if len(r) else 0
+    weighted = r.new_zeros(G).index_add(0, index, n * r)  # (G,) sum of L r
+    total = r.new_zeros(G).index_add(0, index, n)  # (G,) sum of L
+    count = r.new_zeros(G).index_add(0, index, torch.ones_like(r))  # (G,)
+    base = torch.where((count > 1) & (total > 0), weighted / total.clamp(min=1e-30), torch.zeros_like(total))
+    return r - base[index]
+
+# %% ../nbs/37_baselines.ipynb #1d44a6e8
+ALGORITHMS["opo"] = AlgorithmSpec(compute_opo_advantages, grpo_loss, MappingProxyType(dict(_TOKEN_LOSS)),
+                                  check_config=check_baseline_config)
+
+# %% ../nbs/37_baselines.ipynb #d4e0ce7e
+def compute_gpg_advantages(
+    rewards,  # (B,) one scalar reward per rollout
+    group_ids=None,  # (B,) group label per rollout, any order (None: the batch is one group)
+    f_norm: float = 1.0,  # the centred rewards are divided by it (verl's default 1)
+) -> Tensor:  # (B,) advantages, without grad
+    "GPG: each reward minus its group's mean, times B over the number of rollouts whose reward is not 0."
+    fn = "compute_gpg_advantages"
+    r = rewards_1d(fn, rewards)
+    check_finite_number(fn, "f_norm", f_norm)
+    if f_norm == 0: raise ValueError(f"{fn}: `f_norm`=0; the advantages are divided by it: use e.g. 1.0")
+    ids = resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
+    alpha = len(r) / max(1, int(torch.count_nonzero(r)))  # B / M
+    return alpha * _centred_in_group(r, ids) / f_norm
+
+# %% ../nbs/37_baselines.ipynb #918f93e8
+ALGORITHMS["gpg"] = AlgorithmSpec(compute_gpg_advantages, reinforce_loss, MappingProxyType(dict(
+    f_norm=1.0, beta=0.0, aggregation="token_mean", max_completion_length=None, kl_fn=None)),
+    check_config=check_baseline_config)
+
+# %% ../nbs/37_baselines.ipynb #784aa1da
+ALGORITHMS["lite_ppo"] = AlgorithmSpec(compute_grpo_advantages, grpo_loss, MappingProxyType(dict(
+    scale="batch", eps=1e-4, **_TOKEN_LOSS)), check_config=check_baseline_config)
+
+# %% ../nbs/37_baselines.ipynb #d8a5486e
+def compute_sum_pi_squared(
+    model,  # a causal LM (transformers, peft, or any module returning `.logits`)
+    input_ids: Tensor,  # (B, P+C) prompts left-padded to P, completions right-padded to C (`collate`'s layout)
+    attention_mask: Tensor,  # (B, P+C) 1 on real tokens
+    completion_length: int,  # C
+    temperature: float = 1.0,  # logits are divided by it, as when sampling
+    micro_batch_size: int | None = None,  # rows per forward pass; None = all at once
+) -> Tensor:  # (B, C) float32 sum over the vocabulary of pi(v)^2 at each completion position
+    "How peaked each next-token distribution is, sum_v pi(v)^2 (1: certain, 1/V: uniform), from one forward pass."
+    B, C = input_ids.shape[0], completion_length
+    params, device, size = forward_parameters(model), model_device(model), micro_batch_size or B
+    keep = logits_to_keep_argument(params)  # logits for the last C + 1 positions only, where the model can
+    out = []
+    for s in range(0, B, size):
+        ids, mask = input_ids[s:s + size].to(device), attention_mask[s:s + size].to(device)
+        kwargs = {"input_ids": ids, "attention_mask": mask}
+        if "position_ids" in params: kwargs["position_ids"] = position_ids(mask)
+        if "use_cache" in params: kwargs["use_cache"] = False
+        if keep: kwargs[keep] = C + 1
+        z = model(**kwargs).logits[:, -(C + 1):-1].float() / temperature  # (b, C, V): position P+t-1 predicts t
+        out.append(torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1)))  # (b, C)
+    return torch.cat(out)
+
+
+def prepare_otb_batch(
+    state,  # the TrainingState: its model scores the batch; its metadata's config gives temperature, micro-batches
+    batch: CollatedBatch,  # the collated batch, old log-probs already set
+    algorithm_config=None,  # unused
+) -> CollatedBatch:  # the batch with `sum_pi_squared` (B, C)
+    "OTB's `prepare_batch`: sum_v pi(v)^2 at every completion position, once per batch, without gradient."
+    config = (state.metadata or {}).get("config")
+    temperature, size = getattr(config, "temperature", 1.0), getattr(config, "micro_batch_size", None)
+    with torch.no_grad():
+        spsq = compute_sum_pi_squared(state.model, batch.input_ids, batch.attention_mask,
+                                      batch.completion_ids.shape[1], temperature, size)
+    return batch._replace(sum_pi_squared=spsq)
+
+# %% ../nbs/37_baselines.ipynb #693269f1
+def _otb_fields(fn: str, B: int, loss_mask, old_logprobs, sum_pi_squared) -> tuple[Tensor, Tensor, Tensor]:
+    "The three (B, C) fields OTB reads, as float tensors on one device, or an error naming the missing one."
+    for name, x, what in (("loss_mask", loss_mask, "the batch's"),
+                          ("old_logprobs", old_logprobs, "the sampled tokens' log-probs (needs_old_logprobs=True)"),
+                          ("sum_pi_squared", sum_pi_squared, "set by prepare_otb_batch, the spec's prepare_batch")):
+        if x is None: raise ValueError(f"{fn}: no `{name}` ({what}); run it through train or training_step")
+        if not isinstance(x, Tensor) or x.ndim != 2 or x.shape[0] != B or x.shape != loss_mask.shape:
+            raise ValueError(f"{fn}: `{name}` must be a (B, C) tensor like `loss_mask` {tuple(loss_mask.shape)}")
+    keep = loss_mask > 0
+    device = loss_mask.device
+    return keep.float(), old_logprobs.to(device).float(), sum_pi_squared.to(device).float()
+
+
+def compute_otb_advantages(
+    rewards,  # (B,) one scalar reward per rollout (its return on every token)
+    group_ids=None,  # (B,) group label per rollout, any order (None: the batch is one group)
+    loss_mask=None,  # (B, C) the completion tokens (a batch field)
+    old_logprobs=None,  # (B, C) log pi(y_t) of the sampled tokens (a batch field)
+    sum_pi_squared=None,  # (B, C) sum_v pi(v)^2 at each position (a batch field, from prepare_otb_batch)
+    eps: float = 1e-8,  # added to the denominator of each token's baseline
+) -> Tensor:  # (B, C) advantages G_t - B_t on the mask, 0 elsewhere, without grad
+    "OTB: at each position, the return minus its group's mean return weighted by the realized energy so far."
+    fn = "compute_otb_advantages"
+    r = rewards_1d(fn, rewards)
+    check_finite_number(fn, "eps", eps)
+    m, old, spsq = _otb_fields(fn, len(r), loss_mask, old_logprobs, sum_pi_squared)  # (B, C) each
+    r = r.to(m.device)
+    ids = resolve_group_ids(fn, len(r), group_ids, None, device=r.device)
+    w = torch.where(m > 0, 1 - 2 * old.exp() + spsq, torch.zeros_like(m))  # (B, C) per-token energy
+    W = (w * m).cumsum(1)  # (B, C) realized energy up to t
+    G_t = r[:, None] * m  # (B, C) the return at each token
+    index = torch.unique(ids, return_inverse=True)[1]  # (B,)
+    n_groups, C = int(index.max()) + 1, m.shape[1]
+    num = m.new_zeros(n_groups, C).index_add(0, index, G_t * W * m)  # (G, C)
+    den = m.new_zeros(n_groups, C).index_add(0, index, W * m) + eps  # (G, C)
+    count = m.new_zeros(n_groups).index_add(0, index, torch.ones_like(r))  # (G,)
+    base = torch.where(count[:, None] > 1, num / den, torch.zeros_like(num))  # (G, C); a group of one: 0
+    return (G_t - base[index]) * m
+
+# %% ../nbs/37_baselines.ipynb #49c9b2a5
+ALGORITHMS["otb"] = AlgorithmSpec(compute_otb_advantages, grpo_loss, MappingProxyType(dict(eps=1e-8, **_TOKEN_LOSS)),
+                                  needs_old_logprobs=True, prepare_batch=prepare_otb_batch,
+                                  check_config=check_baseline_config)

@@ -454,6 +454,9 @@ class CollatedBatch(NamedTuple):
     rollout_logprobs: Tensor | None = None  # (B, C) the sampler's log-probs (Generation.logprobs), if it gave them
     baseline_rewards: Tensor | None = None  # (B,) a baseline reward per rollout (ReMax: its prompt's greedy sample's)
     teacher_logprobs: Tensor | None = None  # (B, C) the teacher's log-probs of the sampled tokens, once per batch
+    # (B, C) sum over the vocabulary of pi(v)^2 at each completion position, under the policy that scores the batch
+    # (the optimal token baseline's `prepare_batch` sets it once per batch)
+    sum_pi_squared: Tensor | None = None
 
 # %% ../nbs/10_core.ipynb #c0f06b84
 def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:

@@ -51,7 +51,8 @@ def test_clip_higher_and_kl_by_hand(hand):
 def test_on_policy_gradient_is_policy_gradient(hand):
     lp = hand["logprobs"].clone().requires_grad_()
     A, mask = hand["advantages"], hand["loss_mask"]
-    weights = {"token_mean": mask / 5, "sequence_mean": mask / (2 * mask.sum(1, keepdim=True)), "constant": mask / 6}
+    weights = {"token_mean": mask / 5, "sequence_mean": mask / (2 * mask.sum(1, keepdim=True)), "constant": mask / 6,
+               "sequence_mean_token_sum": mask / 2}
     for agg in AGGREGATIONS:
         lp.grad = None
         loss, m = grpo_loss(lp, lp.detach(), A, mask, aggregation=agg)
