@@ -101,6 +101,13 @@ SETTINGS: dict[str, dict] = {
     "opd": dict(learning_rate=2e-3),
     # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
+    # the trust regions of nbs/35b_trust_regions.ipynb, with GRPO's learning rate (not tuned separately): INTELLECT-2's
+    # two-sided clip (delta 4), DRO (quadratic log-ratio penalty), TOPR (truncated weight on negatives), M2PO (second
+    # moment mask; with the trainer as sampler it masks nothing)
+    "intellect2": dict(learning_rate=2e-3),
+    "dro": dict(learning_rate=2e-3),
+    "topr": dict(learning_rate=2e-3),
+    "m2po": dict(learning_rate=2e-3),
 }
 DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
 
@@ -124,7 +131,8 @@ TASKS: dict[str, dict] = {
 FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_passk")),
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
-            ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
+            ("DPO, PPO, distillation", ("dpo", "ppo", "opd")),
+            ("trust regions (chapter 35b)", ("intellect2", "dro", "topr", "m2po"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)
