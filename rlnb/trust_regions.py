@@ -6,7 +6,6 @@ Docs: https://rlnb.github.io/rlnb/trust_regions.html.md"""
 
 # %% ../nbs/35b_trust_regions.ipynb #96ba5d2f
 from __future__ import annotations
-import math
 from types import MappingProxyType
 from typing import Callable, Mapping
 
