@@ -110,6 +110,13 @@ SETTINGS: dict[str, dict] = {
     "gpg": dict(learning_rate=2e-3),  # -A log pi, no clip, advantages scaled by B over the non-zero rewards
     "lite_ppo": dict(learning_rate=2e-3),  # group mean, batch std, token-level loss
     "otb": dict(learning_rate=2e-3),  # a baseline per token, weighted by the realized energy
+    # the trust regions of nbs/35b_trust_regions.ipynb, with GRPO's learning rate (not tuned separately): INTELLECT-2's
+    # two-sided clip (delta 4), DRO (quadratic log-ratio penalty), TOPR (truncated weight on negatives), M2PO (second
+    # moment mask; with the trainer as sampler it masks nothing)
+    "intellect2": dict(learning_rate=2e-3),
+    "dro": dict(learning_rate=2e-3),
+    "topr": dict(learning_rate=2e-3),
+    "m2po": dict(learning_rate=2e-3),
 }
 DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
 
@@ -134,7 +141,8 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd")),
-            ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb"))]
+            ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb")),
+            ("trust regions (chapter 35b)", ("intellect2", "dro", "topr", "m2po"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)
