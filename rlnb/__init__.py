@@ -51,6 +51,7 @@ from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
 from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
+from .sequence_ratios import *  # registers gspo_token, luspo, vespo
 from .entropy import *  # entropy control: the bonus, the high-entropy token mask, the adaptive weight
 from .baselines import *  # registers maxrl, gdpo, remax in ALGORITHMS
 from .passk import *  # evaluate_pass_at_k, compute_passk_advantages; registers grpo_passk

@@ -384,7 +384,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: config
 # the chapters that register the rest of the catalogue: imported when a name is first looked up, so that every
 # built-in name is known however rlnb was imported (a user's algorithm needs no module: register_algorithm)
 BUILTIN_ALGORITHM_MODULES = ("rlnb.catalogue", "rlnb.dpo", "rlnb.ppo", "rlnb.policy_losses", "rlnb.baselines",
-                             "rlnb.passk", "rlnb.distillation")
+                             "rlnb.passk", "rlnb.distillation",
+                             "rlnb.sequence_ratios")
 
 
 def find_algorithm(
