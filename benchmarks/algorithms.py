@@ -101,6 +101,11 @@ SETTINGS: dict[str, dict] = {
     "opd": dict(learning_rate=2e-3),
     # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
+    # sequence-level ratios (nbs/35a_sequence_ratios.ipynb), GRPO's learning rate (not tuned separately): GSPO-token
+    # (GSPO's ratio, per-token gradients), LUSPO (GSPO's term times the length), VESPO (a Gamma weight, no clip)
+    "gspo_token": dict(learning_rate=2e-3),
+    "luspo": dict(learning_rate=2e-3),
+    "vespo": dict(learning_rate=2e-3),
 }
 DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
 
@@ -125,6 +130,7 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
+FAMILIES.append(("sequence-level ratios (chapter 35a)", ("gspo_token", "luspo", "vespo")))
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)
