@@ -104,6 +104,11 @@ SETTINGS: dict[str, dict] = {
     "opd": dict(learning_rate=2e-3),
     # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
+    # sequence-level ratios (nbs/35a_sequence_ratios.ipynb), GRPO's learning rate (not tuned separately): GSPO-token
+    # (GSPO's ratio, per-token gradients), LUSPO (GSPO's term times the length), VESPO (a Gamma weight, no clip)
+    "gspo_token": dict(learning_rate=2e-3),
+    "luspo": dict(learning_rate=2e-3),
+    "vespo": dict(learning_rate=2e-3),
     # the 2025-2026 baselines (nbs/37_baselines.ipynb), GRPO's learning rate (not tuned separately)
     "reinforce++_baseline": dict(learning_rate=2e-3),  # group mean, then whitened over the batch's tokens
     "opo": dict(learning_rate=2e-3),  # the group's length-weighted mean reward as baseline
@@ -142,6 +147,7 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd")),
             ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb")),
+            ("sequence-level ratios (chapter 35a)", ("gspo_token", "luspo", "vespo")),
             ("trust regions (chapter 35b)", ("intellect2", "dro", "topr", "m2po"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)

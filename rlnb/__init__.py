@@ -51,6 +51,7 @@ from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
 from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
+from .sequence_ratios import *  # registers gspo_token, luspo, vespo
 from .trust_regions import *  # registers intellect2, dro, topr, m2po
 from .entropy import *  # entropy control: the bonus, the high-entropy token mask, the adaptive weight
 from .baselines import *  # registers maxrl, gdpo, remax, reinforce++_baseline, opo, gpg, lite_ppo, otb in ALGORITHMS

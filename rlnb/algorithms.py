@@ -386,7 +386,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: config
 # built-in name is known however rlnb was imported (a user's algorithm needs no module: register_algorithm)
 BUILTIN_ALGORITHM_MODULES = ("rlnb.catalogue", "rlnb.dpo", "rlnb.ppo", "rlnb.policy_losses", "rlnb.baselines",
                              "rlnb.passk", "rlnb.distillation",
-                             "rlnb.trust_regions")
+                             "rlnb.sequence_ratios", "rlnb.trust_regions")
 
 
 def find_algorithm(

@@ -119,7 +119,7 @@ def test_the_unknown_mode_error_lists_the_modes():
 def test_every_registered_algorithm_declares_its_level():
     levels = {k: s.correction_level for k, s in ALGORITHMS.items()}
     assert {k for k, v in levels.items() if v is None} == {"dpo"}
-    assert {k for k, v in levels.items() if v == "sequence"} == {"gspo", "gmpo"}
+    assert {k for k, v in levels.items() if v == "sequence"} == {"gspo", "gmpo", "luspo", "vespo"}
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
