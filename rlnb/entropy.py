@@ -132,7 +132,8 @@ def apply_entropy_controls(
     if (coef > 0 or adaptive or masked) and spec is not None and (spec.loss_units is not None or spec.whole_groups):
         raise ValueError(f"{fn}: the entropy options (entropy_coef, entropy_top_fraction, entropy_target) act on "
                          "the per-token policy-gradient loss; this algorithm's loss compares whole rollouts in pairs "
-                         "(e.g. 'dpo'), so they cannot apply. Leave them at their defaults")
+                         "('dpo') or averages over units of its own ('luspo': one per rollout), so they cannot apply "
+                         "or would not add up over micro-batches. Leave them at their defaults")
     metrics = {"entropy/coef": coef} if coef > 0 or adaptive else {}
     if not masked: return batch, config._replace(entropy_coef=coef), metrics
     with torch.no_grad():  # the whole batch's entropies: one threshold, whatever the micro-batches
