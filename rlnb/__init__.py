@@ -50,6 +50,7 @@ from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ i
 from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
 from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
+from .off_policy_masks import *  # registers opsm, k3_rs, trm in ROLLOUT_CORRECTIONS and k3_is in KL_ESTIMATORS
 from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
 from .sequence_ratios import *  # registers gspo_token, luspo, vespo
 from .trust_regions import *  # registers intellect2, dro, topr, m2po

@@ -146,6 +146,9 @@ def token_kl(
     ref_logprobs: Tensor,  # (B, C) the same tokens under the reference
     mask: Tensor,  # (B, C) bool: the tokens that count
     kl_fn: Callable | str | None = None,  # (logprobs, ref_logprobs) -> (B, C), or a KL_ESTIMATORS key; None = k3
+    # (B, C) log(pi / pi_old) with grad, the loss's own ratio: a kl_fn marked `importance_weighted` (DeepSeek-V3.2's
+    # unbiased KL, chapter *Off-policy masks*) has each token's KL multiplied by pi / pi_old; None: the loss has none
+    log_ratio: Tensor | None = None,
 ) -> Tensor:  # (B, C) float, 0 off the mask
     "Per-token KL for a loss term, 0 off the mask; padding is zeroed before `kl_fn` sees it, so no NaN gradient."
     kl_fn = _kl_function("policy loss", kl_fn)
@@ -157,6 +160,12 @@ def token_kl(
         raise ValueError(f"kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` returned {got}; expected a tensor of shape "
                          f"{tuple(logprobs.shape)}, one KL value per token")
     if kl_fn is not None: check_kl_values("policy loss", kl_fn, kl, logprobs, ref_logprobs, mask)
+    if getattr(kl_fn, "importance_weighted", False):  # sampled from pi_old, the KL is of pi: weight pi / pi_old
+        if log_ratio is None:
+            raise ValueError(f"kl_fn `{getattr(kl_fn, '__name__', kl_fn)}` weights each token's KL by pi/pi_old, but "
+                             "this loss has no ratio to give it (e.g. a sequence-level or on-policy loss); use an "
+                             "unweighted estimator such as 'k3'")
+        kl = kl * torch.where(mask, log_ratio, zero).clamp(-20, 20).exp()  # (B, C), the ratio keeps its gradient
     return torch.where(mask, kl, zero)
 
 # %% ../nbs/30_algorithms.ipynb #c78d8ea7
@@ -214,10 +223,11 @@ def policy_and_kl_losses(
     aggregation: str | Callable = "sequence_mean",  # see aggregate_loss
     max_completion_length: int | None = None,  # L_max for aggregation="constant"
     kl_fn: Callable | str | None = None,  # per-token KL; None = k3
+    log_ratio: Tensor | None = None,  # (B, C) log(pi / pi_old) with grad, for an importance-weighted kl_fn (token_kl)
 ) -> tuple[dict[str, Tensor], Tensor | None]:  # ({"loss/policy", ["loss/kl"]}: scalars to sum, the KL (B, C) or None)
     "The aggregated policy loss and, with beta > 0, beta x the aggregated per-token KL; the KL per token if measured."
     losses = {"loss/policy": aggregate_loss(policy_tok, keep, aggregation, max_completion_length)}
-    kl_tok = (token_kl(logprobs, ref_logprobs.detach().to(logprobs.device, torch.float32), keep, kl_fn)
+    kl_tok = (token_kl(logprobs, ref_logprobs.detach().to(logprobs.device, torch.float32), keep, kl_fn, log_ratio)
               if ref_logprobs is not None else None)  # (B, C)
     if beta > 0: losses["loss/kl"] = beta * aggregate_loss(kl_tok, keep, aggregation, max_completion_length)
     return losses, kl_tok
@@ -269,7 +279,7 @@ def grpo_loss(
     policy_tok = -clipped_surrogate_objective(ratio, adv, clip_eps, clip_eps_high)  # (B, C)
     if dual_clip is not None: policy_tok = torch.where(adv < 0, torch.minimum(policy_tok, -dual_clip * adv), policy_tok)
     losses, kl_tok = policy_and_kl_losses(policy_tok, lp, keep, ref_logprobs, beta, aggregation,
-                                          max_completion_length, kl_fn)
+                                          max_completion_length, kl_fn, log_ratio)
     with torch.no_grad():
         high = clip_eps if clip_eps_high is None else clip_eps_high
         metrics = _clip_metrics(keep, lp, ratio, adv, clip_eps, high, dual_clip, kl_tok, losses)
@@ -383,10 +393,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: config
 
 # %% ../nbs/30_algorithms.ipynb #a73d9cf2
 # the chapters that register the rest of the catalogue: imported when a name is first looked up, so that every
-# built-in name is known however rlnb was imported (a user's algorithm needs no module: register_algorithm)
+# built-in name is known however rlnb was imported (a user's algorithm needs no module: register_algorithm);
+# rlnb.off_policy_masks registers rollout corrections (rlnb.mismatch.find_rollout_correction) and a KL estimator
 BUILTIN_ALGORITHM_MODULES = ("rlnb.catalogue", "rlnb.dpo", "rlnb.ppo", "rlnb.policy_losses", "rlnb.baselines",
-                             "rlnb.passk", "rlnb.distillation",
-                             "rlnb.sequence_ratios", "rlnb.trust_regions")
+                             "rlnb.passk", "rlnb.distillation", "rlnb.sequence_ratios", "rlnb.trust_regions",
+                             "rlnb.off_policy_masks")
 
 
 def find_algorithm(

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/mismatch.html.md"""
 
 # %% ../nbs/34_mismatch.ipynb #96572600
 from __future__ import annotations
-import copy, math
+import copy, importlib, math
 from typing import Callable, Mapping
 
 import torch
@@ -15,13 +15,13 @@ from torch import Tensor
 from .checks import check_2d, check_finite, check_finite_number
 from .core import CollatedBatch, GenerationConfig, is_peft_model
 from .generation import batch_generate
-from .algorithms import ALGORITHMS, advantages_2d, find_algorithm, masked_means
+from .algorithms import ALGORITHMS, BUILTIN_ALGORITHM_MODULES, advantages_2d, find_algorithm, masked_means
 
 # %% auto #0
-__all__ = ['ROLLOUT_CORRECTIONS', 'mismatch_metrics', 'sequence_log_ratio', 'tis_token_correction', 'tis_seq_correction',
-           'mis_token_correction', 'mis_seq_correction', 'icepop_correction', 'geo_rs_correction', 'no_correction',
-           'check_rollout_correction', 'rollout_correction', 'apply_rollout_correction', 'sampler_copy',
-           'create_hf_generator']
+__all__ = ['ROLLOUT_CORRECTIONS', 'ROLLOUT_CORRECTION_KNOBS', 'mismatch_metrics', 'sequence_log_ratio', 'tis_token_correction',
+           'tis_seq_correction', 'mis_token_correction', 'mis_seq_correction', 'icepop_correction', 'geo_rs_correction',
+           'no_correction', 'find_rollout_correction', 'check_rollout_correction', 'rollout_correction',
+           'apply_rollout_correction', 'sampler_copy', 'create_hf_generator']
 
 # %% ../nbs/34_mismatch.ipynb #28d83b10
 _LOG_RATIO_BOUND = 20.0  # |log rho| is clamped here before exp (verl's SAFETY_BOUND): e^20 ~ 5e8 cannot overflow
@@ -68,6 +68,7 @@ def sequence_log_ratio(
 def tis_token_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # the largest weight
     low: float,  # unused (one signature for every mode)
     high: float,  # unused
@@ -79,6 +80,7 @@ def tis_token_correction(
 def tis_seq_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # the largest weight
     low: float,  # unused (one signature for every mode)
     high: float,  # unused
@@ -91,6 +93,7 @@ def tis_seq_correction(
 def mis_token_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # tokens with rho_t > cap are dropped
     low: float,  # unused (one signature for every mode)
     high: float,  # unused
@@ -103,6 +106,7 @@ def mis_token_correction(
 def mis_seq_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # rows with prod_t rho_t > cap are dropped
     low: float,  # unused (one signature for every mode)
     high: float,  # unused
@@ -115,6 +119,7 @@ def mis_seq_correction(
 def icepop_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # unused (one signature for every mode)
     low: float,  # tokens with rho_t < low are dropped
     high: float,  # tokens with rho_t > high are dropped
@@ -127,6 +132,7 @@ def icepop_correction(
 def geo_rs_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # unused (one signature for every mode)
     low: float,  # rows whose geometric-mean ratio is below low are dropped
     high: float,  # rows whose geometric-mean ratio is above high are dropped
@@ -139,6 +145,7 @@ def geo_rs_correction(
 def no_correction(
     log_ratio: Tensor,  # (B, C) log rho per token, 0 off the mask
     mask: Tensor,  # (B, C) bool, the tokens that count
+    advantages: Tensor | None,  # (B, C) unused (one signature for every mode)
     cap: float,  # unused (one signature for every mode)
     low: float,  # unused
     high: float,  # unused
@@ -147,35 +154,49 @@ def no_correction(
     return torch.ones_like(log_ratio), mask
 
 
-# mode -> correction(log_ratio (B, C), mask (B, C) bool, cap, low, high) -> (weights (B, C), keep (B, C) bool)
+# mode -> correction(log_ratio (B, C), mask (B, C) bool, advantages (B, C) or None, cap, low, high)
+#         -> (weights (B, C), keep (B, C) bool)
 ROLLOUT_CORRECTIONS: dict[str, Callable] = {
     "none": no_correction, "tis_token": tis_token_correction, "tis_seq": tis_seq_correction,
     "mis_token": mis_token_correction, "mis_seq": mis_seq_correction, "icepop": icepop_correction,
     "geo_rs": geo_rs_correction,
 }
 
+# %% ../nbs/34_mismatch.ipynb #e7ddc1e6
+# the knobs each built-in mode reads, named in its errors (a mode added without an entry here: all three)
+ROLLOUT_CORRECTION_KNOBS: dict[str, tuple] = {
+    "tis_token": ("cap",), "tis_seq": ("cap",), "mis_token": ("cap",), "mis_seq": ("cap",), "icepop": ("low", "high"),
+    "geo_rs": ("low", "high"), "none": ()}
+
+
+def find_rollout_correction(
+    mode: str,  # a registered mode
+) -> Callable | None:  # its function, or None when no mode has that name
+    "The correction registered as `mode`; the chapters that register more are loaded the first time a name is missing."
+    if not isinstance(mode, str): return None
+    if mode not in ROLLOUT_CORRECTIONS:  # e.g. rlnb.off_policy_masks' modes, however rlnb was imported
+        for module in BUILTIN_ALGORITHM_MODULES: importlib.import_module(module)
+    return ROLLOUT_CORRECTIONS.get(mode)
+
+
 # %% ../nbs/34_mismatch.ipynb #eba34a30
-# the knobs each built-in mode reads, named in its errors (a mode added by a user: all three)
-_MODE_KNOBS = {"tis_token": ("cap",), "tis_seq": ("cap",), "mis_token": ("cap",), "mis_seq": ("cap",),
-               "icepop": ("low", "high"), "geo_rs": ("low", "high"), "none": ()}
-
-
 def _check_on_policy_token(fn: str, mode: str, correction: Callable, knobs: dict) -> None:
     "A token the trainer itself sampled (ratio 1) must come out kept, with weight 1, or the mode corrects nothing."
     with torch.no_grad():
-        out = correction(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), *knobs.values())
+        # a negative advantage: a mode that drops by the advantage's sign must still keep an on-policy token
+        out = correction(torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), -torch.ones(1, 1), *knobs.values())
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, Tensor) and x.shape == (1, 1) for x in out)):
         return  # rollout_correction names a mode that returns something else
     weight, kept = float(out[0]), bool(out[1])
     if kept and abs(weight - 1) < 1e-6: return
-    reads = _MODE_KNOBS.get(mode, ("cap", "low", "high"))
+    reads = ROLLOUT_CORRECTION_KNOBS.get(mode, ("cap", "low", "high"))
     named = ", ".join(f"`{k}`={v!r}" for k, v in knobs.items() if k.split("_")[-1] in reads)
     token = "a token on which the sampler and the trainer agree (ratio 1)"
     if kept:
         raise ValueError(f"{fn}: mode {mode!r} with {named} gives weight {weight:g}, not 1, to {token}: every "
                          "on-policy token would be scaled rather than corrected; keep the cap >= 1")
     raise ValueError(f"{fn}: mode {mode!r} with {named} drops {token}: every token of an on-policy batch would be "
-                     "dropped and nothing would train; keep 1 inside [low, high] (icepop, geo_rs) and the cap >= 1")
+                     "dropped and nothing would train; keep 1 inside [low, high] and the cap >= 1")
 
 
 def check_rollout_correction(
@@ -187,15 +208,16 @@ def check_rollout_correction(
     prefix: str = "",  # how the caller spells the knobs: "rollout_correction_" for a TrainingConfig's fields
 ) -> Callable:  # the registered function for `mode`
     "The function for `mode`, its knobs checked: cap > 0, 0 <= low < high, and an on-policy token kept with weight 1."
-    if not isinstance(mode, str) or mode not in ROLLOUT_CORRECTIONS:
+    correction = find_rollout_correction(mode)
+    if correction is None:
         raise ValueError(f"{fn}: unknown `{prefix or 'mode'}`={mode!r}; the modes are {sorted(ROLLOUT_CORRECTIONS)} "
                          "(add one with ROLLOUT_CORRECTIONS[name] = fn)")
     knobs = {f"{prefix}cap": cap, f"{prefix}low": low, f"{prefix}high": high}
     for name, x in knobs.items(): check_finite_number(fn, name, x)
     if cap <= 0: raise ValueError(f"{fn}: `{prefix}cap`={cap!r} must be > 0 (the largest importance weight)")
     if not low < high: raise ValueError(f"{fn}: `{prefix}low`={low!r} must be < `{prefix}high`={high!r}")
-    _check_on_policy_token(fn, mode, ROLLOUT_CORRECTIONS[mode], knobs)
-    return ROLLOUT_CORRECTIONS[mode]
+    _check_on_policy_token(fn, mode, correction, knobs)
+    return correction
 
 
 def rollout_correction(
@@ -206,16 +228,19 @@ def rollout_correction(
     cap: float = 2.0,  # the largest weight (TIS) or the ratio above which a sample is dropped (MIS)
     low: float = 0.5,  # icepop / geo_rs: ratios below it are dropped
     high: float = 2.0,  # icepop / geo_rs: ratios above it are dropped
+    advantages: Tensor | None = None,  # (B,) or (B, C), the batch's; None: not known (a mode that reads them refuses)
 ) -> tuple[Tensor, Tensor, dict[str, float]]:  # weights (B, C) detached, kept tokens (B, C) float 0/1, metrics
     "Importance weights and a keep-mask for the sampler/trainer mismatch, by `mode`, with the mismatch metrics."
     fn = "rollout_correction"
     correction = check_rollout_correction(mode, cap, low, high, fn)
     metrics = mismatch_metrics(old_logprobs, rollout_logprobs, mask)  # checks shapes and finiteness too
     keep = mask.to(old_logprobs.device) > 0  # (B, C) bool
+    B, C = keep.shape
+    if advantages is not None: advantages = advantages_2d(fn, advantages, B, C, keep.device).expand(B, C)  # (B, C)
     with torch.no_grad():
         diff = old_logprobs.float() - rollout_logprobs.to(old_logprobs.device).float()  # (B, C)
         log_ratio = torch.where(keep, diff, 0.0).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)  # (B, C)
-        weights, kept = correction(log_ratio, keep, cap, low, high)
+        weights, kept = correction(log_ratio, keep, advantages, cap, low, high)
         shapes = [tuple(x.shape) if isinstance(x, Tensor) else None for x in (weights, kept)]
         if shapes != [tuple(keep.shape)] * 2:
             raise ValueError(f"{fn}: ROLLOUT_CORRECTIONS[{mode!r}] must return (weights, keep), two tensors of "

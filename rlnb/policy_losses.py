@@ -72,7 +72,7 @@ def finish_policy_loss(
     "Aggregate a per-token policy loss, add beta x the KL term, and report grpo_loss's metrics plus `measured`."
     lp, keep = tokens.logprobs, tokens.keep
     losses, kl_tok = policy_and_kl_losses(policy_tok, lp, keep, ref_logprobs, beta, aggregation,
-                                          max_completion_length, kl_fn)
+                                          max_completion_length, kl_fn, tokens.log_ratio)
     with torch.no_grad():
         vals = {**measured, "ratio/mean": tokens.log_ratio.exp(), "entropy/sampled_nll": -lp,
                 **({"kl/mean": kl_tok} if kl_tok is not None else {})}

@@ -17,7 +17,7 @@ from .core import (Batch, CollatedBatch, TrainingConfig, TrainingState, Training
 from .logprobs import compute_logprobs_for_tokens, precision_context
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, teacher_metrics
 from .algorithms import compute_batch_advantages, compute_loss_by_algorithm, find_algorithm, step_extensions
-from .mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, no_correction, rollout_correction,
+from .mismatch import (apply_rollout_correction, find_rollout_correction, no_correction, rollout_correction,
                            tis_seq_correction, tis_token_correction)
 from .loggers import reward_metrics
 
@@ -256,7 +256,7 @@ def _corrects_in_update(cfg: TrainingConfig, extensions: Sequence = ()) -> bool:
     (its log-probs are then the old policy's), a correction that drops no token (the micro-batches' shares hold),
     and no extension that narrows the loss mask (e.g. the high-entropy mask: cut before the update, it would narrow
     the tokens a weight is taken over)."""
-    correction = ROLLOUT_CORRECTIONS.get(cfg.rollout_correction)  # by identity: a replaced entry is rescored
+    correction = find_rollout_correction(cfg.rollout_correction)  # by identity: a replaced entry is rescored
     narrowed = any(ext.narrows_loss_mask is not None and ext.narrows_loss_mask(cfg) for ext in extensions)
     weighs_only = correction in (tis_token_correction, tis_seq_correction) and not narrowed
     return cfg.updates_per_batch == 1 and (correction is no_correction or weighs_only)
@@ -328,7 +328,8 @@ def _corrected(cb: CollatedBatch, algo: Mapping, cfg: TrainingConfig, fn: str) -
     if cb.old_logprobs is None: return cb, {}  # not rescored: each micro-batch's own pass measures and corrects
     weights, kept, metrics = rollout_correction(cb.old_logprobs, cb.rollout_logprobs, cb.loss_mask,
                                                 cfg.rollout_correction, cfg.rollout_correction_cap,
-                                                cfg.rollout_correction_low, cfg.rollout_correction_high)
+                                                cfg.rollout_correction_low, cfg.rollout_correction_high,
+                                                advantages=cb.advantages)
     if cfg.rollout_correction != "none": cb = apply_rollout_correction(cb, weights, kept, algo)
     return cb, metrics
 
@@ -348,7 +349,8 @@ def _micro_batch_loss(model, mb: CollatedBatch, head, loss_fn: Callable, algo: M
         # not rescored (_corrects_in_update): this pass's log-probs, before the update, are the old policy's
         weights, kept, _ = rollout_correction(logprobs.detach(), mb.rollout_logprobs, mb.loss_mask,
                                               cfg.rollout_correction, cfg.rollout_correction_cap,
-                                              cfg.rollout_correction_low, cfg.rollout_correction_high)
+                                              cfg.rollout_correction_low, cfg.rollout_correction_high,
+                                              advantages=mb.advantages)
         mb = apply_rollout_correction(mb, weights, kept, algo)
     loss, metrics = _checked_loss(loss_fn(mb, logprobs, algo), fn)
     if not (isinstance(loss, Tensor) and loss.requires_grad):
@@ -395,7 +397,7 @@ def _one_update(state: TrainingState, cb: CollatedBatch, chunks: list, head, los
     if trainer is not None:  # the weights before the update, as a rescoring pass would have them
         totals.update(rollout_correction(trainer, cb.rollout_logprobs, cb.loss_mask, cfg.rollout_correction,
                                          cfg.rollout_correction_cap, cfg.rollout_correction_low,
-                                         cfg.rollout_correction_high)[2])
+                                         cfg.rollout_correction_high, advantages=cb.advantages)[2])
     metrics = {**totals, "loss/total": loss_value, "grad_norm": float(grad_norm)}
     return state._replace(global_step=state.global_step + 1), metrics
 

@@ -13,7 +13,7 @@ import torch
 
 from .core import Generation, TrainingConfig, TrainingState, warn_unsaved_checkpoints
 from .generation import check_generations
-from .mismatch import ROLLOUT_CORRECTIONS, check_rollout_correction
+from .mismatch import ROLLOUT_CORRECTIONS, check_rollout_correction, find_rollout_correction
 
 # %% auto #0
 __all__ = ['HOOK_SIGNATURES', 'checked_template_fn', 'checked_generator', 'warn_unused_hooks', 'check_train_arguments']
@@ -214,7 +214,7 @@ def _check_combination(hooks: dict, model, tokenizer, initial_state, prompts, sy
 # %% ../nbs/70_train_checks.ipynb #62611f00
 def _check_sampler(config: TrainingConfig, hooks: dict, fn: str = "train") -> None:
     "The sampler named once (config.generator or a `generator` hook) and a correction rlnb.ROLLOUT_CORRECTIONS knows."
-    if config.rollout_correction not in ROLLOUT_CORRECTIONS:
+    if find_rollout_correction(config.rollout_correction) is None:
         raise ValueError(f"{fn}: rollout_correction={config.rollout_correction!r} is not a key of "
                          f"rlnb.ROLLOUT_CORRECTIONS: {', '.join(ROLLOUT_CORRECTIONS)}")
     check_rollout_correction(config.rollout_correction, config.rollout_correction_cap, config.rollout_correction_low,

@@ -138,7 +138,8 @@ case("kl/kl_fn returns nan in a run", ValueError, ["kl_fn `<lambda>` returned na
 case("kl/compute_per_token_kl nan", ValueError,
      "compute_per_token_kl: kl_fn `<lambda>` returned nan at position (0, 0)",
      lambda t: kl.compute_per_token_kl(torch.zeros(1, 2), torch.zeros(1, 2), kl_fn=lambda a, b: a * nan))
-case("kl/kl_fn an unknown name", ValueError, ["`kl_fn`='k9' is neither a function", "['abs', 'k1', 'k2', 'k3', 'k3+']"],
+case("kl/kl_fn an unknown name", ValueError,
+     ["`kl_fn`='k9' is neither a function", "['abs', 'k1', 'k2', 'k3', 'k3+', 'k3_is']"],
      lambda t: run(config=small(algorithm_options={"kl_fn": "k9"})))
 case("kl/kl_fn a number", TypeError, "`kl_fn`=3 is neither a function",
      lambda t: algorithms.create_algorithm_config("grpo", kl_fn=3))
