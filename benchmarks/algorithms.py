@@ -101,6 +101,10 @@ SETTINGS: dict[str, dict] = {
     "opd": dict(learning_rate=2e-3),
     # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
+    # on-policy self-distillation (nbs/39_distillation.ipynb): opd's signal, the teacher the policy shown the answer
+    # (opsd) or a solved sibling (sdpo); GRPO's rate, not measured
+    "opsd": dict(learning_rate=2e-3),
+    "sdpo": dict(learning_rate=2e-3),
 }
 DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
 
@@ -125,6 +129,7 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("DPO, PPO, distillation", ("dpo", "ppo", "opd"))]
+FAMILIES += [("self-distillation (chapter 39)", ("opsd", "sdpo"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)
