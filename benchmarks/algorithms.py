@@ -122,6 +122,10 @@ SETTINGS: dict[str, dict] = {
     "dro": dict(learning_rate=2e-3),
     "topr": dict(learning_rate=2e-3),
     "m2po": dict(learning_rate=2e-3),
+    # on-policy self-distillation (nbs/39_distillation.ipynb): opd's signal, the teacher the policy shown the answer
+    # (opsd) or a solved sibling (sdpo); GRPO's rate, not measured
+    "opsd": dict(learning_rate=2e-3),
+    "sdpo": dict(learning_rate=2e-3),
 }
 DEFAULT_SETTINGS = dict(learning_rate=2e-3)  # GRPO's
 
@@ -144,11 +148,12 @@ TASKS: dict[str, dict] = {
 # families of algorithms, one plot column each (GRPO drawn in every column); unlisted names go to a last column
 FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_passk")),
             ("policy losses (chapter 35)", ("cispo", "sapo", "gmpo", "dppo", "clip_cov", "kl_cov")),
-            ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
-            ("DPO, PPO, distillation", ("dpo", "ppo", "opd")),
-            ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb")),
             ("sequence-level ratios (chapter 35a)", ("gspo_token", "luspo", "vespo")),
-            ("trust regions (chapter 35b)", ("intellect2", "dro", "topr", "m2po"))]
+            ("trust regions (chapter 35b)", ("intellect2", "dro", "topr", "m2po")),
+            ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
+            ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb")),
+            ("DPO, PPO", ("dpo", "ppo")),
+            ("distillation (chapter 39)", ("opd", "opsd", "sdpo"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
 # chapter 39 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)

@@ -447,9 +447,10 @@ def check_algorithm_spec(
             raise ValueError(f"{fn}: `default_config` has knob(s) {unclaimed} that neither its advantage_fn nor its "
                              "policy_loss takes; a run would refuse them")
     for field, flag in (("old_logprobs", "needs_old_logprobs"), ("teacher_logprobs", "needs_teacher")):
-        if field in inspect.signature(spec.advantage_fn).parameters and not getattr(spec, flag):
+        fills_it = spec.rollout_wrapper is not None or spec.prepare_batch is not None  # e.g. self-distillation
+        if field in inspect.signature(spec.advantage_fn).parameters and not getattr(spec, flag) and not fills_it:
             raise ValueError(f"{fn}: its advantage_fn takes `{field}`, which the loop computes only for a spec that "
-                             f"says so: set {flag}=True")
+                             f"says so: set {flag}=True, or fill it in its rollout_wrapper or prepare_batch")
     return spec._replace(default_config=MappingProxyType(dict(spec.default_config)),
                          run_defaults=MappingProxyType(dict(spec.run_defaults)))
 

@@ -557,6 +557,17 @@ def _baseline_rewards(rollouts: Sequence[Rollout], device) -> Tensor | None:
     return out.to(device)
 
 
+def _teacher_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | None:
+    "(B, C) each rollout's `metadata['teacher_logprobs']` (one per completion token, 0 on padding), or None."
+    vals = [(r.metadata or {}).get("teacher_logprobs") for r in rollouts]
+    if all(v is None for v in vals): return None
+    bad = [i for i, (v, r) in enumerate(zip(vals, rollouts)) if v is None or len(v) != len(r.token_ids)]
+    if bad:
+        raise ValueError(f"collate: rollouts {bad[:5]} have no metadata['teacher_logprobs'] with one entry per "
+                         "completion token while others have them")
+    return _pad([torch.as_tensor(list(v), dtype=torch.float32) for v in vals], 0.0, min_len=C).to(device)
+
+
 def collate(
     rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
     pad_token_id: int,  # id written into padding positions (may equal the EOS id)
@@ -590,7 +601,8 @@ def collate(
         completion_ids=completion_ids.to(device), completion_mask=completion_mask.to(device),
         loss_mask=loss_mask.to(device), rewards=_reward_tensor(rollouts).to(device), group_ids=groups.to(device),
         old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1],
-        rollout_logprobs=_sampler_logprobs(rollouts, C, device), baseline_rewards=_baseline_rewards(rollouts, device))
+        rollout_logprobs=_sampler_logprobs(rollouts, C, device), baseline_rewards=_baseline_rewards(rollouts, device),
+        teacher_logprobs=_teacher_logprobs(rollouts, C, device))  # a teacher's, given with the rollouts
 
 # %% ../nbs/10_core.ipynb #f6678500
 def check_seed(

@@ -6,16 +6,24 @@ Docs: https://rlnb.github.io/rlnb/distillation.html.md"""
 
 # %% ../nbs/39_distillation.ipynb #33056af1
 from __future__ import annotations
+import math
 from types import MappingProxyType
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
+from .core import Batch, collate, model_device, pad_token_id
+from .chat import format_prompt
+from .generation import encode_prompts
+from .logprobs import compute_logprobs_for_tokens
 from .algorithms import ALGORITHMS, AlgorithmSpec, check_clip_config, grpo_loss
 
 # %% auto #0
-__all__ = ['compute_distillation_advantages', 'compute_opd_advantages']
+__all__ = ['OPSD_HINT_TEMPLATE', 'SDPO_HINT_TEMPLATE', 'compute_distillation_advantages', 'compute_opd_advantages', 'answer_hint',
+           'successful_attempt_hint', 'self_teacher_logprobs', 'create_self_teacher_rollout_fn',
+           'compute_self_distillation_advantages', 'check_self_distillation_config']
 
 # %% ../nbs/39_distillation.ipynb #720e85ed
 def compute_distillation_advantages(
@@ -69,3 +77,132 @@ ALGORITHMS["opd"] = AlgorithmSpec(compute_opd_advantages, grpo_loss, MappingProx
     max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False,
     needs_old_logprobs=True, needs_teacher=True,  # the teacher's signal is measured against the sampling policy
     check_config=_check_opd_config)
+
+# %% ../nbs/39_distillation.ipynb #550da93f
+OPSD_HINT_TEMPLATE = "{question}\n\nThe answer is: {answer}"  # the teacher's user message in answer_hint
+SDPO_HINT_TEMPLATE = "{question}\nCorrect solution:\n\n{solution}\n\nCorrectly solve the original question.\n"
+
+
+def answer_hint(
+    rollout,  # the student's Rollout: its question (metadata["question"]) and the task's answer (`answer`)
+    group=(),  # the rollouts of its group (not used: the answer comes from the task record)
+) -> str | None:  # the teacher's user message, or None when the task gave no answer
+    "OPSD's privileged context: the question followed by the task's reference answer."
+    question = (rollout.metadata or {}).get("question")
+    if rollout.answer is None or question is None: return None
+    return OPSD_HINT_TEMPLATE.format(question=question, answer=rollout.answer)
+
+
+def successful_attempt_hint(
+    rollout,  # the student's Rollout
+    group=(),  # the rollouts sampled for the same prompt (rollout among them)
+    success_threshold: float = 1.0,  # a sibling whose reward reaches this is a solution
+) -> str | None:  # the teacher's user message, or None when no other rollout of the group succeeded
+    "SDPO's privileged context with a scalar reward: another sample of the same prompt that succeeded."
+    question = (rollout.metadata or {}).get("question")
+    solved = [r for r in group if r is not rollout and isinstance(r.rewards, (int, float))
+              and r.rewards >= success_threshold and r.generation is not None]
+    if question is None or not solved: return None
+    return SDPO_HINT_TEMPLATE.format(question=question, solution=solved[0].generation.text)
+
+# %% ../nbs/39_distillation.ipynb #f4dd3c1f
+def self_teacher_logprobs(
+    model,  # the policy: it scores the tokens once more, under the teacher's prompts, without gradient
+    tokenizer,  # its tokenizer
+    rollouts: Sequence,  # B Rollouts: their completions (token_ids) are scored
+    teacher_prompts: Sequence,  # B formatted prompt texts (or token-id lists) the teacher sees in place of the prompt
+    temperature: float = 1.0,  # the sampling temperature (log-probs of logits / T, as the student's)
+) -> Tensor:  # (B, C) log pi_theta(y_t | teacher prompt, y_<t), 0 past each completion
+    "The policy's log-probs of each rollout's completion tokens, given the teacher's prompt in place of its own."
+    ids = encode_prompts(tokenizer, list(teacher_prompts), "self_teacher_logprobs")
+    swapped = [r._replace(prompt_token_ids=p, logprobs=None, ref_logprobs=None, metadata=None)
+               for r, p in zip(rollouts, ids)]
+    cb = collate(swapped, pad_token_id(tokenizer, "self_teacher_logprobs"), tokenizer.eos_token_id,
+                 device=model_device(model))  # (B, P' + C): the teacher's prompts left-padded, the same completions
+    with torch.no_grad():
+        lp = compute_logprobs_for_tokens(model, cb.input_ids, cb.attention_mask, cb.completion_ids.shape[1],
+                                         temperature=temperature)  # (B, C)
+    return lp * cb.completion_mask
+
+# %% ../nbs/39_distillation.ipynb #71551f28
+def _teacher_prompts(rollouts: list, hint_fn: Callable, tokenizer, template_fn, system_prompt) -> tuple[list, float]:
+    "(each rollout's teacher prompt: the hint formatted like its own prompt, or its own prompt ids; share with a hint)."
+    groups = {}
+    for r in rollouts: groups.setdefault(r.group_index, []).append(r)
+    prompts, hinted = [], 0
+    for r in rollouts:
+        hint = hint_fn(r, groups[r.group_index] if r.group_index is not None else [r])
+        if hint is not None and not isinstance(hint, str):
+            raise TypeError(f"create_self_teacher_rollout_fn: the hint function returned a {type(hint).__name__}; "
+                            "expected the teacher's user message (a str) or None")
+        hinted += hint is not None
+        prompts.append(list(r.prompt_token_ids) if hint is None else
+                       format_prompt(hint, tokenizer, system_prompt=system_prompt, template_fn=template_fn))
+    return prompts, hinted / max(len(rollouts), 1)
+
+
+def create_self_teacher_rollout_fn(
+    hint_fn: Callable = answer_hint,  # (rollout, group) -> the teacher's user message, or None (no teacher)
+    # the model that reads the hint: None = the policy that sampled the batch (TRL's teacher_model_kind="live"); a
+    # frozen copy of the starting policy is TRL's "base" (same tokenizer)
+    teacher_model=None,
+) -> Callable:  # an AlgorithmSpec.rollout_wrapper
+    "A rollout_wrapper whose rollouts carry metadata['teacher_logprobs']: the policy's, given the hint in its prompt."
+    if not callable(hint_fn):
+        raise TypeError(f"create_self_teacher_rollout_fn: `hint_fn` must be a function (rollout, group) -> str | None, "
+                        f"got {hint_fn!r}")
+    def wrap(rollout_fn, reward_fn=None, generator=None, template_fn=None, tool_parser=None, system_prompt=None):
+        def self_teacher_rollout_fn(model, tokenizer, prompts, config) -> Batch:
+            batch = rollout_fn(model, tokenizer, prompts, config)
+            rollouts = list(batch.rollouts)
+            teacher_prompts, hinted = _teacher_prompts(rollouts, hint_fn, tokenizer, template_fn, system_prompt)
+            scorer = model if teacher_model is None else teacher_model
+            lp = self_teacher_logprobs(scorer, tokenizer, rollouts, teacher_prompts, config.temperature)  # (B, C)
+            rollouts = [r._replace(metadata={**(r.metadata or {}), "teacher_logprobs": row[:len(r.token_ids)].tolist()})
+                        for r, row in zip(rollouts, lp.cpu())]
+            return Batch(rollouts, {**(batch.batch_metadata or {}), "self_distillation/hinted_frac": hinted})
+        return self_teacher_rollout_fn
+    return wrap
+
+# %% ../nbs/39_distillation.ipynb #6f6d0155
+def compute_self_distillation_advantages(
+    rewards: Tensor,  # (B,) rewards: not used (the hinted policy's log-probs are the signal)
+    group_ids: Tensor,  # (B,) group labels: not used here (SDPO's hint reads the group when the batch is sampled)
+    old_logprobs: Tensor | None = None,  # (B, C) the batch's field: log pi_student at sampling time
+    teacher_logprobs: Tensor | None = None,  # (B, C) the batch's field: the policy's log-probs under the hinted prompt
+    loss_mask: Tensor | None = None,  # (B, C) the batch's field: 1 on the tokens the student produced
+    teacher_coef: float = 1.0,  # weight of the teacher's signal (lambda)
+) -> Tensor:  # (B, C) per-token advantages, 0 off the mask and on rows without a hint
+    "opsd's and sdpo's advantage_fn: teacher_coef * (log pi(y_t | x, hint) - log pi_old(y_t | x)) per token."
+    if teacher_logprobs is None:
+        raise ValueError("compute_self_distillation_advantages: `teacher_logprobs` is None; self-distillation's "
+                         "rollouts carry them (metadata['teacher_logprobs']): train adds them to its default "
+                         "rollout_fn; wrap your own with create_self_teacher_rollout_fn(hint_fn)(rollout_fn)")
+    return compute_opd_advantages(rewards, group_ids, old_logprobs, teacher_logprobs, loss_mask, teacher_coef)
+
+
+def check_self_distillation_config(
+    algorithm_config,  # {"name": ..., "teacher_coef": ..., clip knobs}
+    run_config=None,  # the run's TrainingConfig (unused)
+) -> None:
+    "Refuse a `teacher_coef` that is not a finite number > 0 (0: nothing trains; < 0: away from the teacher)."
+    name = algorithm_config.get("name")
+    check_clip_config(algorithm_config)
+    coef = algorithm_config.get("teacher_coef", 1.0)
+    check_finite_number(str(name), "teacher_coef", coef, low=-math.inf)
+    if coef <= 0:
+        raise ValueError(f"{name}: `teacher_coef`={coef!r} must be > 0: 0 multiplies every advantage by 0 so nothing "
+                         "trains, and a negative weight pushes the student away from its hinted self; use e.g. 1.0")
+
+
+_SELF_DISTILLATION_DEFAULTS = MappingProxyType(dict(
+    teacher_coef=1.0, clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="token_mean",
+    max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None))
+
+ALGORITHMS["opsd"] = AlgorithmSpec(
+    compute_self_distillation_advantages, grpo_loss, _SELF_DISTILLATION_DEFAULTS, group_relative=False,
+    needs_old_logprobs=True, rollout_wrapper=create_self_teacher_rollout_fn(answer_hint),
+    check_config=check_self_distillation_config)
+ALGORITHMS["sdpo"] = ALGORITHMS["opsd"]._replace(
+    group_relative=True,  # the demonstration is another sample of the same prompt
+    rollout_wrapper=create_self_teacher_rollout_fn(successful_attempt_hint))

@@ -43,8 +43,12 @@ def policy_and_rollouts():
     batch = create_batch_rollouts(policy, tok, examples, GenerationConfig(max_new_tokens=6, num_return_sequences=GROUP))
     rewards = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(1)).tolist()
     baselines = torch.rand(len(batch.rollouts), generator=torch.Generator().manual_seed(2)).tolist()  # ReMax's
-    return policy, tok, [r._replace(rewards=x, metadata={**(r.metadata or {}), "baseline_reward": b})
-                         for r, x, b in zip(batch.rollouts, rewards, baselines)]
+    # opsd's and sdpo's hinted-prompt log-probs, as their rollout_wrapper writes them
+    teachers = [(-torch.rand(len(r.token_ids), generator=torch.Generator().manual_seed(3 + i)) * 3).tolist()
+                for i, r in enumerate(batch.rollouts)]
+    return policy, tok, [r._replace(rewards=x, metadata={**(r.metadata or {}), "baseline_reward": b,
+                                                          "teacher_logprobs": t})
+                         for r, x, b, t in zip(batch.rollouts, rewards, baselines, teachers)]
 
 
 def as_vectors(rollouts):
