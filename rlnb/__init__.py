@@ -9,9 +9,12 @@ shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache`
 estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
 (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO,
 REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch`
-(the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.policy_losses` (CISPO, SAPO, GMPO, DPPO, Clip-Cov, KL-Cov),
-`rlnb.entropy` (entropy bonus, high-entropy mask, adaptive weight), `rlnb.baselines` (MaxRL, GDPO, ReMax),
-`rlnb.passk` (pass@k evaluation and training), `rlnb.distillation` (on-policy distillation from a teacher),
+(the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.off_policy_masks` (OPSM, K3 rejection sampling, trust-region
+masking, the importance-weighted KL), `rlnb.policy_losses` (CISPO, SAPO, GMPO, DPPO, Clip-Cov, KL-Cov),
+`rlnb.sequence_ratios` (GSPO-token, LUSPO, VESPO), `rlnb.trust_regions` (INTELLECT-2's two-sided clip, DRO, TOPR,
+M2PO), `rlnb.entropy` (entropy bonus, high-entropy mask, adaptive weight), `rlnb.baselines` (MaxRL, GDPO, ReMax,
+REINFORCE++-baseline, OPO, GPG, Lite PPO, the optimal token baseline), `rlnb.passk` (pass@k evaluation and
+training), `rlnb.distillation` (on-policy distillation from a teacher, self-distillation),
 `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and
 its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.engines` (vLLM as the sampler, weight sync),
 `rlnb.distributed` (data parallelism over processes), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
@@ -57,7 +60,7 @@ from .trust_regions import *  # registers intellect2, dro, topr, m2po
 from .entropy import *  # entropy control: the bonus, the high-entropy token mask, the adaptive weight
 from .baselines import *  # registers maxrl, gdpo, remax, reinforce++_baseline, opo, gpg, lite_ppo, otb in ALGORITHMS
 from .passk import *  # evaluate_pass_at_k, compute_passk_advantages; registers grpo_passk
-from .distillation import *  # registers opd: on-policy distillation from a teacher's per-token log-probs
+from .distillation import *  # registers opd (a teacher's per-token log-probs), opsd and sdpo (self-distillation)
 from .loggers import *
 from .checkpoints import *
 from .step import *  # the optimizer and one training step, the seam of several processes (OneProcess)
