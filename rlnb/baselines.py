@@ -1,4 +1,4 @@
-"""MaxRL's mean-scaled, GDPO's per-component and ReMax's greedy-sample baselines, registered in `ALGORITHMS`.
+"""Eight baselines registered in `ALGORITHMS`: MaxRL, GDPO, ReMax, REINFORCE++-baseline, OPO, GPG, Lite PPO and OTB.
 
 Docs: https://rlnb.github.io/rlnb/baselines.html.md"""
 

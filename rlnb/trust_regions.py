@@ -133,7 +133,7 @@ def check_topr_weights(
 
 # %% ../nbs/35b_trust_regions.ipynb #05a5ccb3
 def m2po_keep(
-    log_ratio: Tensor,  # (B, C) log pi_theta - log pi_behav per token
+    log_ratio: Tensor,  # (B, C) log pi_old - log pi_behav per token (the paper: pi_theta at the first update)
     mask: Tensor,  # (B, C) bool: the tokens that count
     m2_threshold: float = 0.04,  # the bound on the mean (log r)^2 of the tokens kept (AReaL's example: 0.04)
 ) -> Tensor:  # (B, C) bool: the tokens kept, a subset of `mask` with at least one token when `mask` has any
