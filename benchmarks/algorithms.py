@@ -538,8 +538,8 @@ def panels(names: list[str]) -> list[tuple[str, list[str]]]:
 
 def plot(by_algo: dict[str, list[dict]], args, path: str | None, by_row: bool = False):
     """Sampled reward and the evaluation against the iteration, mean ± std over seeds, one panel pair per family:
-    columns (by_row=False: reward on top) or rows (by_row=True: reward left, for a page). Saved at `path` and closed;
-    with path=None left open for a notebook to show."""
+    columns (by_row=False: reward on top) or rows (by_row=True, or more than 4 families: reward left, for a page).
+    Saved at `path` and closed; with path=None left open for a notebook to show."""
     import matplotlib
     if path: matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -550,6 +550,7 @@ def plot(by_algo: dict[str, list[dict]], args, path: str | None, by_row: bool = 
         return False
     groups = panels(names)
     count = len(groups)
+    by_row = by_row or count > 4  # more families than fit side by side on a page
     fig, axes = (plt.subplots(count, 2, figsize=(11, 3.6 * count), squeeze=False) if by_row
                  else plt.subplots(2, count, figsize=(5.2 * count, 7.6), squeeze=False))
     cmap = plt.get_cmap("tab10")
@@ -583,7 +584,7 @@ def plot(by_algo: dict[str, list[dict]], args, path: str | None, by_row: bool = 
     over = f"{seeds} seed(s)" + (f" (GRPO {grpo})" if grpo != seeds else "")
     fig.suptitle(f"{args.task}: {args.iterations} iterations per run, cosine schedule (warm-up {args.warmup}), "
                  f"{args.threads} torch thread(s) per run\nmean ± std over {over}; GRPO dashed in each panel")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / fig.get_figheight()))  # room for the two-line title
     if path:
         fig.savefig(path, dpi=80)
         plt.close(fig)
