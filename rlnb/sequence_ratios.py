@@ -17,11 +17,11 @@ from .algorithms import (AlgorithmSpec, check_clip_config, compute_grpo_advantag
 from .policy_losses import PolicyTokens, finish_policy_loss, policy_tokens
 
 # %% auto #0
-__all__ = ['sequence_log_ratio', 'per_sequence_advantages', 'gspo_token_loss', 'sequence_sum', 'rows_as_units', 'luspo_loss',
+__all__ = ['gspo_log_ratio', 'per_sequence_advantages', 'gspo_token_loss', 'sequence_sum', 'rows_as_units', 'luspo_loss',
            'check_vespo_knobs', 'vespo_weight', 'vespo_loss', 'check_vespo_config']
 
 # %% ../nbs/35a_sequence_ratios.ipynb #a8bc2b5c
-def sequence_log_ratio(
+def gspo_log_ratio(
     tokens: PolicyTokens,  # from policy_tokens: log_ratio (B, C) with grad, 0 off the mask; keep (B, C)
 ) -> Tensor:  # (B, 1) log s_i, with grad; 0 for a row without tokens
     "GSPO's log s_i: the mean over each sequence's real tokens of log(pi / pi_old)."
@@ -58,7 +58,7 @@ def gspo_token_loss(
     fn = "gspo_token_loss"
     t = policy_tokens(fn, logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, beta, aggregation)
     for name, x in (("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)): check_finite_number(fn, name, x)
-    log_s = sequence_log_ratio(t).detach()  # (B, 1) sg[log s_i]
+    log_s = gspo_log_ratio(t).detach()  # (B, 1) sg[log s_i]
     ratio = torch.exp(log_s + t.logprobs - t.logprobs.detach())  # (B, C): value s_i, gradient s_i d log pi_t
     adv = t.advantages  # (B, 1) or (B, C)
     policy_tok = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps_high) * adv)  # (B, C)
@@ -102,7 +102,7 @@ def luspo_loss(
     t = policy_tokens(fn, logprobs, old_logprobs, advantages, loss_mask, ref_logprobs, beta, sequence_sum)
     for name, x in (("clip_eps", clip_eps), ("clip_eps_high", clip_eps_high)): check_finite_number(fn, name, x)
     adv = per_sequence_advantages(fn, t)  # (B, 1)
-    seq_ratio = sequence_log_ratio(t).exp()  # (B, 1) s_i, with grad
+    seq_ratio = gspo_log_ratio(t).exp()  # (B, 1) s_i, with grad
     seq_obj = torch.minimum(seq_ratio * adv, seq_ratio.clamp(1 - clip_eps, 1 + clip_eps_high) * adv)  # (B, 1)
     B, C = t.keep.shape
     policy_tok = (-seq_obj).expand(B, C)  # (B, C): the sequence's term on each of its tokens; summed: |y_i| times it

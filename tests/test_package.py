@@ -184,3 +184,14 @@ def test_chapters_import_only_what_the_main_install_brings():
                     if not {norm(d) for d in modules.get(top, [])} & installed and not _guarded(node, parents):
                         missing.append(f"{nb.name}: {top}")
     assert not missing, f"imported by chapters but not installed by `bash scripts/install.sh`: {sorted(set(missing))}"
+
+
+def test_no_public_name_is_exported_by_two_modules():
+    "`from rlnb import *` star-imports every module: a name in two modules' __all__ would silently shadow one of them."
+    import collections, importlib, re
+    from pathlib import Path
+    init = (Path(__file__).resolve().parent.parent / "rlnb" / "__init__.py").read_text()
+    owners = collections.defaultdict(list)
+    for module in re.findall(r"^from \.(\w+) import \*", init, re.M):
+        for name in importlib.import_module(f"rlnb.{module}").__all__: owners[name].append(module)
+    assert not {n: m for n, m in owners.items() if len(m) > 1}
