@@ -1,4 +1,4 @@
-"""Three losses on a sequence's importance ratio (GSPO-token, LUSPO, VESPO), each checked and registered in `ALGORITHMS`.
+"""Three losses on a sequence's importance ratio (GSPO-token, LUSPO, VESPO), checked and registered.
 
 Docs: https://rlnb.github.io/rlnb/sequence_ratios.html.md"""
 
