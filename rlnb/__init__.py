@@ -19,8 +19,17 @@ training), `rlnb.distillation` (on-policy distillation from a teacher, self-dist
 its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.engines` (vLLM as the sampler, weight sync),
 `rlnb.distributed` (data parallelism over processes), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
 built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`),
-`rlnb.cli` (the `rlnb run` / `rlnb sweep` / `rlnb train` commands), `rlnb.widgets` (the live training dashboard) and
-`rlnb.viewer` (the token-level rollout viewer)."""
+`rlnb.cli` (the `rlnb run` / `rlnb sweep` / `rlnb train` / `rlnb chat` / `rlnb eval` / `rlnb export` commands),
+`rlnb.widgets` (the live training dashboard), `rlnb.viewer` (the token-level rollout viewer), and after the run:
+`rlnb.runs` (`load_run`: a run folder's trained model), `rlnb.talk` (chat with it, compare it with its base),
+`rlnb.evaluation` (several models on the same held-out prompts, one table) and `rlnb.export` (a Hugging Face folder
+or a GGUF file, with a model card).
+
+Modules:
+
+- `rlnb.cli`: `rlnb run`, `rlnb sweep` and `rlnb train`: a papermill run, a sweep, or `train` itself (torchrun), from a shell; `rlnb chat`, `rlnb eval` and `rlnb export` on a finished run.
+- `rlnb.runs`: `load_run(folder)`: the trained policy of any run folder, on the base model it was trained from, checked, at its last checkpoint or at any kept one.
+- `rlnb.talk`: `chat_reply`, a terminal chat (`rlnb chat RUN --base`) and `compare_replies`: the trained model's answers beside the base model's, on the same prompts, with the task's reward on each."""
 
 __version__ = "0.0.1"
 
@@ -80,6 +89,8 @@ from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
 from .environments import *  # text, self-verification and conversation environments, simulated users
 from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics
+from .runs import *  # load_run: a run folder's trained policy, checked against its base model
+from .talk import *  # chat_reply, chat_session (`rlnb chat`), compare_replies: talk to a run
 from .docstrings import *  # document_fields, document_parameters, document_sections: what help() shows
 
 # `help(rlnb.Rollout)` shows each field's comment instead of "Alias for field number 0"

@@ -1,4 +1,5 @@
-"""`rlnb run`, `rlnb sweep` and `rlnb train`: a papermill run, a sweep, or `train` itself (torchrun), from a shell.
+"""`rlnb run`, `rlnb sweep` and `rlnb train`: a papermill run, a sweep, or `train` itself (torchrun), from a shell;
+`rlnb chat`, `rlnb eval` and `rlnb export` on a finished run.
 
 Docs: https://rlnb.github.io/rlnb/cli.html.md"""
 
@@ -16,8 +17,9 @@ from .experiments import progress_line, run_experiment, run_sweep
 from .core import TrainingConfig, create_training_config
 
 # %% auto #0
-__all__ = ['MAX_YAML_VALUES', 'MAX_YAML_BYTES', 'INTERRUPTED_EXIT', 'parse_value', 'parse_params', 'yaml_params', 'fields_help',
-           'training_summary', 'train_command', 'main']
+__all__ = ['MAX_YAML_VALUES', 'MAX_YAML_BYTES', 'INTERRUPTED_EXIT', 'AFTER_RUN_COMMANDS', 'parse_value', 'parse_params',
+           'yaml_params', 'fields_help', 'training_summary', 'train_command', 'main', 'chat_command', 'eval_command',
+           'export_command']
 
 # %% ../nbs/61_cli.ipynb #600b0b93
 def parse_value(
@@ -114,12 +116,45 @@ def fields_help() -> str:
         lines.append(f"  {name} = {default!r}: {getattr(TrainingConfig, name).__doc__ or ''}")
     return "\n".join(lines)
 
+# %% ../nbs/61_cli.ipynb #501a31e3
+def _after_run_parsers(sub) -> None:
+    "The subcommands of a finished run: `rlnb chat`, `rlnb eval`, `rlnb export`."
+    chat = sub.add_parser("chat", help="chat with a run's trained model in the terminal",
+                          description=textwrap.fill("Chat with the model of RUN (a run folder): each line is a user "
+                                                    "turn; an empty line, /exit or Ctrl-D ends the chat, /reset starts "
+                                                    "a new one.", 100))
+    chat.add_argument("run", help="a run folder, e.g. runs/grpo")
+    chat.add_argument("--base", action="store_true", help="the base model answers too, beside the trained one")
+    chat.add_argument("--iteration", type=int, help="a kept checkpoint's iteration (default: the last checkpoint)")
+    chat.add_argument("--max-new-tokens", type=int, help="each reply's budget (default: the run's max_new_tokens)")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the default")
+    chat.add_argument("-m", "--message", action="append", help="ask this instead of reading the terminal (repeatable)")
+    ev = sub.add_parser("eval", help="evaluate runs (and their base model) on the same held-out prompts",
+                        description=textwrap.fill("Evaluate each RUN on its task's held-out prompts: greedy accuracy, "
+                                                  "pass@k, sampled reward, length and format rate, one row per run.",
+                                                  100))
+    ev.add_argument("runs", nargs="+", metavar="RUN", help="run folders")
+    ev.add_argument("--base", action="store_true", help="add a row for the base model the runs started from")
+    ev.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="task NAME, samples K, size N, max_new_tokens N, temperature T or seed S")
+    ev.add_argument("--csv", help="also write the table to this CSV file")
+    ev.add_argument("--plot", help="also draw the table into this image file (e.g. eval.png)")
+    ex = sub.add_parser("export", help="write a run's model for Hugging Face (a folder) or llama.cpp (a GGUF file)",
+                        description=textwrap.fill("Write the model of RUN, its LoRA adapter merged, to OUT: a Hugging "
+                                                  "Face folder (--format hf) or a GGUF file (--format gguf), with a "
+                                                  "model card. OUT must not exist.", 100))
+    ex.add_argument("run", help="a run folder")
+    ex.add_argument("out", help="the folder (hf) or .gguf file (gguf) to write")
+    ex.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf (default) or gguf")
+    ex.add_argument("--dtype", choices=("f16", "f32"), default="f16", help="GGUF weights: f16 (default) or f32")
+    ex.add_argument("--iteration", type=int, help="a kept checkpoint's iteration (default: the last checkpoint)")
+
 # %% ../nbs/61_cli.ipynb #e5985b0b
 def _parser() -> argparse.ArgumentParser:
-    "rlnb run ... | rlnb sweep ..."
+    "rlnb run ... | rlnb sweep ... | rlnb train ... | rlnb chat/eval/export RUN ..."
     p = argparse.ArgumentParser(prog="rlnb", description="Run papermill experiments: one run, or a sweep over "
                                                          "parameters and seeds.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{run,sweep,train}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{run,sweep,train,chat,eval,export}")
     fields = dict(epilog=fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)  # each -p NAME
     run = sub.add_parser("run", help="run a notebook once", description="Run NOTEBOOK once, into a folder of its own.",
                          **fields)
@@ -150,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="a TrainingConfig field and its value, read like papermill's -p")
     train.add_argument("-y", "--parameters-yaml", metavar="YAML", help="parameters as YAML text (-p wins over it)")
     train.add_argument("-f", "--parameters-file", metavar="FILE", help="parameters in a YAML file (-p wins over it)")
+    _after_run_parsers(sub)
     return p
 
 # %% ../nbs/61_cli.ipynb #d9ea5813
@@ -228,9 +264,10 @@ def _complain(line: str) -> None:
 def main(
     argv: Sequence[str] | None = None,  # the arguments after `rlnb` (None: the command line's)
 ) -> int:  # exit status: 0 every run completed, 1 some failed, 2 bad arguments
-    "The `rlnb` command: `rlnb run NOTEBOOK -p NAME VALUE ...`, `rlnb sweep NOTEBOOK ... --seeds N`, `rlnb train`."
+    "The `rlnb` command: `rlnb run NOTEBOOK -p NAME VALUE ...`, `rlnb sweep NOTEBOOK ... --seeds N`, `rlnb train`, ..."
     args = _parser().parse_args(argv)
     try:
+        if args.command in AFTER_RUN_COMMANDS: return AFTER_RUN_COMMANDS[args.command](args)
         params = _given_params(args, several=args.command == "sweep")
         if args.command == "train":
             from rlnb import distributed
@@ -265,6 +302,48 @@ def main(
          + (f"; failed: {' '.join(failed)} (the same command again retries them)" if failed else "")
          + (f"; in use elsewhere, left alone: {' '.join(busy)}" if busy else ""))
     return 1 if failed or busy else 0
+
+# %% ../nbs/61_cli.ipynb #55e6a534
+def chat_command(args: argparse.Namespace) -> int:
+    "`rlnb chat RUN`: a chat with the run's model (and its base model with --base), from the terminal or -m lines."
+    from rlnb.runs import load_base, load_run
+    from rlnb.talk import chat_session
+    run = load_run(args.run, args.iteration)
+    models = {"trained": (run.model, run.tokenizer)}
+    if args.base: models["base"] = (load_base(run), run.tokenizer)
+    lines = iter(args.message or ())
+    def scripted(prompt: str) -> str:
+        line = next(lines, None)
+        if line is None: raise EOFError
+        _say(prompt + line)
+        return line
+    _say(f"{run.config.algorithm} on {run.config.task}: {args.run} at iteration {run.iteration}; "
+         "an empty line, /exit or Ctrl-D ends, /reset starts over")
+    chat_session(models, read=scripted if args.message else input, write=_say,
+                 max_new_tokens=args.max_new_tokens or run.config.max_new_tokens, temperature=args.temperature,
+                 system_prompt=run.task.system_prompt if run.task is not None else None)
+    return 0
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    "`rlnb eval RUN [RUN ...]`: one table of every run (and the base model), printed, and saved on request."
+    from rlnb.evaluation import evaluate_runs, plot_evaluation
+    table = evaluate_runs(args.runs, base=args.base, **parse_params(args.param))
+    _say(table.to_string(float_format=lambda x: f"{x:.3f}"))
+    if args.csv: write_atomically(Path(args.csv), table.to_csv())
+    if args.plot: plot_evaluation(table).savefig(args.plot, dpi=100, bbox_inches="tight")
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    "`rlnb export RUN OUT`: the run's model, merged, as a Hugging Face folder or a GGUF file, with a model card."
+    from rlnb.export import export_run
+    out = export_run(args.run, args.out, format=args.format, dtype=args.dtype, iteration=args.iteration)
+    _say(f"wrote {out} ({args.format})")
+    return 0
+
+
+AFTER_RUN_COMMANDS = {"chat": chat_command, "eval": eval_command, "export": export_command}
 
 # %% ../nbs/61_cli.ipynb #eb20d540
 if __name__ == "__main__" and "IPython" not in sys.modules: sys.exit(main())  # `python -m rlnb.cli`, not in a notebook

@@ -176,6 +176,7 @@ class TrainingConfig(NamedTuple):
     checkpoint_every: int = 0  # iterations between checkpoints in output_dir (0: only at the end)
     resume: bool = False  # continue the run saved in output_dir (False: an existing run there is an error)
     max_seconds: float | None = None  # wall-time budget of the loop (a checkpoint is still written)
+    keep_checkpoints: bool = False  # also keep each checkpoint in checkpoints/<iteration>/ (False: the last only)
     # system: seeds, threads and processes
     seed: int = 0  # seeds the LoRA init, the sampling and the prompt stream
     num_threads: int | None = None  # torch CPU threads (None: $RLNB_NUM_THREADS, else 1 for small models)
@@ -195,7 +196,7 @@ TRAINING_CONFIG_SECTIONS = {
     "correction": ("rollout_correction", "rollout_correction_cap", "rollout_correction_low", "rollout_correction_high",
                    "off_policy_steps"),
     "evaluation": ("eval_every", "eval_size"),
-    "output": ("output_dir", "checkpoint_every", "resume", "max_seconds"),
+    "output": ("output_dir", "checkpoint_every", "resume", "max_seconds", "keep_checkpoints"),
     "system": ("seed", "num_threads", "fsdp", "plugins"),
 }
 
@@ -386,6 +387,9 @@ def _check_combined(values: dict) -> None:
     if values["rollout_correction_low"] >= values["rollout_correction_high"]:
         raise ValueError("TrainingConfig: `rollout_correction_low` must be below `rollout_correction_high`, "
                          f"got {values['rollout_correction_low']!r} and {values['rollout_correction_high']!r}")
+    if values["keep_checkpoints"] and values["output_dir"] is None:
+        raise ValueError("TrainingConfig: `keep_checkpoints`=True keeps each checkpoint in output_dir/checkpoints/, "
+                         "but output_dir is None; give an output_dir")
 
 # %% ../nbs/10_core.ipynb #cfa1b006
 def _warn_ignored(values: dict, given: set) -> None:

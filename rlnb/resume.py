@@ -187,8 +187,9 @@ RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", 
                  "off_policy_steps")
 
 
-RUN_BOOKKEEPING = ("resume", "num_iterations", "output_dir", "max_seconds", "checkpoint_every", "eval_every",
-                   "eval_size", "num_threads", "plugins", "learning_rate", "weight_decay")  # said or harmless
+RUN_BOOKKEEPING = ("resume", "num_iterations", "output_dir", "max_seconds", "checkpoint_every", "keep_checkpoints",
+                   "eval_every", "eval_size", "num_threads", "plugins", "learning_rate",
+                   "weight_decay")  # said or harmless
 
 
 def changed_settings(

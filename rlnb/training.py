@@ -30,7 +30,7 @@ from .resume import output_lock, output_paths, resumed_state, run_start
 from .interrupts import SoftInterrupt
 
 # %% auto #0
-__all__ = ['training_iteration', 'train']
+__all__ = ['training_iteration', 'build_policy', 'train']
 
 # %% ../nbs/42_training.ipynb #06b4e87b
 def _check_completions(batch: Batch, source: str) -> Batch:
@@ -109,7 +109,11 @@ def training_iteration(
     return new_state._replace(iteration=state.iteration + 1, stats_history=history), batch, stats
 
 # %% ../nbs/42_training.ipynb #6e7f9381
-def _build_policy(config: TrainingConfig, model, tokenizer):
+def build_policy(
+    config: TrainingConfig,  # the run's: model, dtype, task (the tiny model's), mixed_precision, lora_r
+    model=None,  # a model object to train instead of loading config.model
+    tokenizer=None,  # the tokenizer, kept as given (None: config.model's when model is None)
+) -> tuple:  # (policy, tokenizer)
     "The policy and its tokenizer: `model` as given or loaded from config.model; LoRA of rank config.lora_r if not yet."
     if model is None:
         tiny = {"task": config.task} if config.model == "tiny" else None
@@ -163,7 +167,7 @@ def _first_state(config: TrainingConfig, initial_state: TrainingState | None, mo
     "(the run's first state, its config and start in its metadata; the tokenizer): `initial_state`, or from `model`."
     source = config.model if model is None and initial_state is None else "a model passed to train"
     if initial_state is None:
-        policy, tokenizer = _build_policy(config, model, tokenizer)
+        policy, tokenizer = build_policy(config, model, tokenizer)
         reference = is_peft_model(policy) or first.get("beta", 0) > 0
         initial_state = create_training_state(policy, config, reference=reference)
     start = run_start(initial_state.model, source, data, config)  # base model and prompts: resume compares them
@@ -232,13 +236,23 @@ def _wired_rollout_fn(config: TrainingConfig, spec, task, hooks: dict, system_pr
     return rollout_fn
 
 # %% ../nbs/42_training.ipynb #d470d873
+def _kept_too(save: Callable, folder: Path) -> Callable:
+    "A checkpoint_fn that saves as `save` does, then keeps a copy in folder/<iteration>/ (config.keep_checkpoints)."
+    def checkpoint_fn(state: TrainingState):
+        save(state)
+        save_checkpoint(state, folder / str(state.iteration))
+    return checkpoint_fn
+
+
 def _wired_outputs(config: TrainingConfig, loggers: list, checkpoint_fn, metrics_path, ckpt_path, buffer,
                    progress: bool) -> tuple[list, Callable | None]:
     "(loggers, checkpoint_fn) with the run's own added: JSONL metrics, progress lines, checkpoints (a buffer's place)."
     loggers = list(loggers)
     if metrics_path is not None: loggers.append(create_jsonl_logger(metrics_path))
     if progress and config.num_iterations: loggers.append(create_progress_logger(config.num_iterations))
-    if checkpoint_fn is None and ckpt_path is not None: checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
+    if checkpoint_fn is None and ckpt_path is not None:
+        checkpoint_fn = lambda s: save_checkpoint(s, ckpt_path)
+        if config.keep_checkpoints: checkpoint_fn = _kept_too(checkpoint_fn, ckpt_path.parent / "checkpoints")
     if buffer is not None and checkpoint_fn is not None:  # the buffer's position goes into every checkpoint
         def checkpoint_fn(s, save=checkpoint_fn):
             return save(s._replace(metadata={**(s.metadata or {}), "data_buffer": buffer.state_dict()}))

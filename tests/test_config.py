@@ -24,6 +24,7 @@ CHANGES = {  # field -> a value different from BASE's (or the default)
     "lora_r": 4, "fsdp": True, "updates_per_batch": 2, "micro_batch_size": 3, "seed": 1, "eval_every": 1,
     "eval_size": 1,
     "output_dir": "OUT", "checkpoint_every": 1, "resume": True, "max_seconds": 1e-6, "num_threads": 2,
+    "keep_checkpoints": True,
     "generator": "hf_bf16", "rollout_correction": "tis_token", "rollout_correction_cap": 1.001,
     "rollout_correction_low": 0.999, "rollout_correction_high": 1.001, "off_policy_steps": 1,
     "entropy_coef": 0.01, "entropy_top_fraction": 0.2, "entropy_target": 100.0, "entropy_coef_step": 1e-3,
@@ -95,15 +96,17 @@ def test_every_field_changes_the_run_or_is_rejected(monkeypatch, tmp_path):
         ignored = []
         for field, value in CHANGES.items():
             if field == "output_dir": value = str(tmp_path / "out")
-            extra = {"output_dir": str(tmp_path / field)} if field == "checkpoint_every" else NEEDS.get(field, {})
+            saving = field in ("checkpoint_every", "keep_checkpoints")  # they act on a run with an output_dir
+            extra = {"output_dir": str(tmp_path / field)} if saving else NEEDS.get(field, {})
             config = create_training_config(**{**BASE, **extra, field: value})
             try: changed = outcome(config, monkeypatch)
             except ValueError as e:
                 assert field in str(e) or "output_dir" in str(e), (
                     f"{field}: rejected, but the error does not name it: {e}")
                 continue
-            if field == "checkpoint_every":
-                base_f = outcome(create_training_config(**BASE, output_dir=str(tmp_path / "cb")), monkeypatch)
+            if saving:
+                with_dir = create_training_config(**BASE, output_dir=str(tmp_path / f"{field}-base"))
+                base_f = outcome(with_dir, monkeypatch)
             elif field in NEEDS:
                 base_f = outcome(create_training_config(**{**BASE, **NEEDS[field]}), monkeypatch)
             else:

@@ -3,6 +3,7 @@ import json, os, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
+import rlnb
 import torch
 import torch.multiprocessing as mp
 
@@ -438,6 +439,9 @@ def test_the_fsdp_torchrun_command_trains_every_weight(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("trained 2 steps with 2 process(es)") == 1, done.stdout
     assert (tmp_path / "fsdp" / "checkpoint" / "model.safetensors").is_file()  # every weight, gathered by rank 0
+    run = rlnb.load_run(tmp_path / "fsdp")  # the sharded run loads whole, as any run does
+    assert (run.iteration, run.config.fsdp, rlnb.is_peft_model(run.model)) == (2, True, False)
+    assert isinstance(rlnb.chat_reply(run.model, run.tokenizer, "12+34=", 4), str)
 
 
 @pytest.mark.slow
