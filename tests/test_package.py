@@ -81,6 +81,8 @@ PUBLIC = {
               "QUANTITY_STYLES",
     "environments": "count_letters create_text_environment create_verifier_tool create_verification_environment "
                     "ConversationState create_conversation_environment scripted_user swap_roles create_model_user",
+    "export": "merged_model write_new save_hf save_gguf model_card gguf_architecture gguf_tensor_name "
+              "llama_rope_permute gguf_tensors gguf_vocabulary",
     "tool_use": "TOOL_SYSTEM_PROMPT TOOL_USE_SFT TOOL_USE_RL products_task tool_demonstration "
                 "create_tool_demonstrations sft_tool_use_model tool_use_cache_path load_tool_use_model tool_use_stats "
                 "create_tool_use_rollout_fn evaluate_tool_use tool_use_config",
