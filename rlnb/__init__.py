@@ -80,6 +80,7 @@ from .viewer import *  # the rollout viewer
 from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
 from .environments import *  # text, self-verification and conversation environments, simulated users
 from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics
+from .evaluation import *  # evaluate_model, evaluate_models, plot_evaluation: models side by side in one table
 from .docstrings import *  # document_fields, document_parameters, document_sections: what help() shows
 
 # `help(rlnb.Rollout)` shows each field's comment instead of "Alias for field number 0"
