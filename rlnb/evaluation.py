@@ -30,7 +30,7 @@ def pass_at_k_ks(
     samples: int,  # samples per prompt
 ) -> list[int]:  # 1, 2, 4, ... up to `samples`
     "The k of the table's pass@k columns: the powers of 2 up to `samples`."
-    return [2**i for i in range(int(math.log2(samples)) + 1)] if samples >= 1 else []
+    return [2**i for i in range(samples.bit_length())]  # samples = 6 (0b110): 1, 2, 4
 
 
 def _check_int(fn: str, name: str, value, high: int, what: str) -> None:
@@ -193,7 +193,9 @@ def plot_evaluation(
     size = f"{int(table['prompts'].iloc[0])} held-out prompts" if "prompts" in table else "held-out prompts"
     n = (f"; pass@k, reward: {int(table['samples'].iloc[0])} samples each at temperature "
          f"{float(table['temperature'].iloc[0]):g}" if {"samples", "temperature"} <= set(table.columns) else "")
-    ax.set(ylim=(0, 1.12), ylabel="fraction right (reward: mean)", title=f"{size}{n}")
+    shown = table[metrics].astype(float)  # (models, metrics); a reward_fn may go beyond [0, 1]
+    ax.set(ylim=(min(0.0, shown.min().min() - 0.05), max(1.12, shown.max().max() + 0.12)),
+           ylabel="fraction right (reward: mean)", title=f"{size}{n}")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="model (mean length)", title_fontsize=8)
     ax.figure.tight_layout()

@@ -82,6 +82,14 @@ def test_reward_length_and_format_from_the_rollouts_by_hand(tiny):
     assert row["pass@1"] == pytest.approx(sum(right) / len(right), abs=1e-12)
     assert row["reward"] != row["pass@1"] and 0 < row["format"] < 1  # the reward is the task's, not correctness
     assert (row["prompts"], row["samples"], row["temperature"]) == (size, samples, 1.3)
+    shifted = task._replace(reward_fn=lambda r: reward(r) + 2)  # a reward beyond 1 still fits in the plot
+    table = evaluate_models({"m": (model, tok)}, shifted, samples=samples, size=size, max_new_tokens=budget,
+                            temperature=1.3, seed=7)
+    assert table.loc["m", "reward"] == pytest.approx(row["reward"] + 2, abs=1e-12)
+    ax = plot_evaluation(table).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()][-2:] == ["reward", "format"]
+    assert ax.containers[0][-1].get_height() == pytest.approx(row["format"])
+    assert ax.get_ylim()[1] > row["reward"] + 2 > 2
 
 
 def test_a_task_without_format_check_has_no_format_rate(tiny):
