@@ -91,6 +91,7 @@ from .environments import *  # text, self-verification and conversation environm
 from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics
 from .runs import *  # load_run: a run folder's trained policy, checked against its base model
 from .talk import *  # chat_reply, chat_session (`rlnb chat`), compare_replies: talk to a run
+from .evaluation import *  # evaluate_model, evaluate_models, plot_evaluation: models side by side in one table
 from .export import *  # save_hf, save_gguf, model_card: a trained model as a Hugging Face folder or a GGUF file
 from .docstrings import *  # document_fields, document_parameters, document_sections: what help() shows
 

@@ -57,6 +57,8 @@ PUBLIC = {
     "entropy": "entropy_bonus high_entropy_mask adaptive_entropy_coef entropy_coefficient update_entropy_control "
                "apply_entropy_controls entropy_loss_term finish_entropy_control ENTROPY_CONTROLS",
     "passk": "evaluate_pass_at_k PassAtK compute_passk_advantages",
+    "evaluation": "evaluate_model evaluate_models plot_evaluation pass_at_k_ks check_evaluation_arguments "
+                  "HELD_OUT_SEED MAX_EVAL_SIZE MAX_EVAL_SAMPLES",
     "distributed": "world_size process_rank init_distributed config_digest check_distributed_config shard_prompts "
                    "rank_seed create_sharded_prompt_loader sync_parameters batch_advantages loss_share "
                    "all_reduce_gradients averaged_step reduced_stats any_rank is_sharded decoder_layers shard_module "
