@@ -289,7 +289,7 @@ def main(
             return {"completed": 0, "interrupted": INTERRUPTED_EXIT}.get(result.status, 1)
         results = run_sweep(args.notebook, params, seeds=args.seeds, output_root=args.output, workers=args.workers,
                             threads_per_run=args.threads, log_fn=_say)
-    except (ValueError, TypeError, FileNotFoundError, FolderInUseError) as e:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, FolderInUseError) as e:
         _complain(f"rlnb {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt as e:  # stopped at once (a second Ctrl-C), or `rlnb train` stopped after an iteration

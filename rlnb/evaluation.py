@@ -7,6 +7,7 @@ Docs: https://rlnb.github.io/rlnb/evaluate.html.md"""
 # %% ../nbs/67_evaluate.ipynb #8e0f56f7
 from __future__ import annotations
 import math
+from pathlib import Path
 from typing import Mapping
 
 import torch
@@ -14,11 +15,13 @@ import torch
 from .checks import check_finite_number
 from .core import CONFIG_MAXIMA, GenerationConfig, check_seed
 from .rollouts import create_batch_rollouts, greedy_rollouts, pass_at_k
-from .tasks import create_reward_fn
+from .tasks import create_reward_fn, task_for_policy
+from .checkpoints import checkpoint_metadata
+from .runs import load_base, load_run
 
 # %% auto #0
 __all__ = ['HELD_OUT_SEED', 'MAX_EVAL_SIZE', 'MAX_EVAL_SAMPLES', 'pass_at_k_ks', 'check_evaluation_arguments', 'evaluate_model',
-           'evaluate_models', 'plot_evaluation']
+           'evaluate_models', 'plot_evaluation', 'evaluate_runs']
 
 # %% ../nbs/67_evaluate.ipynb #c41cab89
 HELD_OUT_SEED = 987_654  # the held-out prompts' seed: create_eval_fn's, so a run's logged eval/accuracy is this table's
@@ -200,3 +203,55 @@ def plot_evaluation(
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="model (mean length)", title_fontsize=8)
     ax.figure.tight_layout()
     return ax.figure
+
+# %% ../nbs/67_evaluate.ipynb #bef50ab4
+def _run_names(folders: list) -> list[str]:
+    "Row names for run folders: each folder's name, or the path as given where two share a name."
+    names = [Path(f).name or str(f) for f in folders]
+    return [name if names.count(name) == 1 else str(f) for name, f in zip(names, folders)]
+
+
+def _runs_task(runs: Mapping, task: str | None, fn: str):
+    "The one task every run is evaluated on, asked as the runs were asked theirs; runs that disagree are refused."
+    asked = {name: (task or r.config.task, r.config.task_format == "chat"
+                    or (r.config.task_format == "auto" and r.config.model != "tiny")) for name, r in runs.items()}
+    if len(set(asked.values())) > 1:
+        raise ValueError(f"{fn}: the runs were asked different tasks, or the same task in different forms ({asked}: "
+                         "(task, in words)); evaluate them separately, or name the task")
+    first = next(iter(runs.values())).config
+    return task_for_policy(task or first.task, first.model, first.task_format)
+
+
+def _base_weights(run) -> str | None:
+    "The fingerprint of the base model a run started from, as its checkpoint records it."
+    start = checkpoint_metadata(run.checkpoint)["metadata"].get("start") or {}
+    return (start.get("base_model") or {}).get("weights")
+
+# %% ../nbs/67_evaluate.ipynb #7a8bbe32
+def evaluate_runs(
+    runs,  # run folders (a list): each is loaded at its last checkpoint with load_run
+    base: bool = False,  # put the base model the runs started from in the first row
+    task: str | None = None,  # a task name to evaluate on (None: the runs' own)
+    **settings,  # evaluate_model's samples, size, max_new_tokens, temperature, seed (size and budget: the runs')
+):  # pandas DataFrame: evaluate_models' table, a row per run named by its folder ("base" first with base=True)
+    "Evaluate run folders (and their base model) on the same held-out prompts: one table, as `rlnb eval` prints it."
+    import difflib, inspect
+    fn = "evaluate_runs"
+    if isinstance(runs, (str, Path)) or not isinstance(runs, (list, tuple)) or not runs:
+        raise ValueError(f"{fn}: `runs` must be a non-empty list of run folders, got {runs!r}")
+    allowed = [k for k in inspect.signature(evaluate_model).parameters if k not in ("model", "tokenizer", "task")]
+    for name in settings:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1)
+            raise ValueError(f"{fn}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                                                   f"; the settings are {allowed}"))
+    loaded = {name: load_run(folder) for name, folder in zip(_run_names(list(runs)), runs)}
+    the_task, first = _runs_task(loaded, task, fn), next(iter(loaded.values()))
+    settings = {"size": first.config.eval_size, "max_new_tokens": first.config.max_new_tokens, **settings}
+    models = {name: (run.model, run.tokenizer) for name, run in loaded.items()}
+    if base:
+        if len({_base_weights(run) for run in loaded.values()}) > 1:
+            raise ValueError(f"{fn}: base=True, but the runs started from different base models; evaluate each "
+                             "with its own base")
+        models = {"base": (load_base(first), first.tokenizer), **models}
+    return evaluate_models(models, the_task, **settings)

@@ -14,11 +14,15 @@ import numpy as np
 
 from .cache import quiet_progress_bars
 from .core import TrainingConfig, is_peft_model
+from .loggers import load_metrics
+from .cli import parse_value, training_summary
+from .runs import find_checkpoint, load_run
 
 # %% auto #0
 __all__ = ['GGUF_ARCHITECTURES', 'GGUF_DTYPES', 'GGUF_TOP_NAMES', 'GGUF_LAYER_NAMES', 'RLNB_HUB_IDS', 'CARD_SETTINGS',
-           'CARD_METRICS', 'CARD_SKIPPED', 'merged_model', 'write_new', 'save_hf', 'gguf_architecture',
-           'gguf_tensor_name', 'llama_rope_permute', 'gguf_tensors', 'gguf_vocabulary', 'save_gguf', 'model_card']
+           'CARD_METRICS', 'CARD_SKIPPED', 'EXPORT_FORMATS', 'merged_model', 'write_new', 'save_hf',
+           'gguf_architecture', 'gguf_tensor_name', 'llama_rope_permute', 'gguf_tensors', 'gguf_vocabulary',
+           'save_gguf', 'model_card', 'training_command', 'run_summary', 'export_run']
 
 # %% ../nbs/68_export.ipynb #1ef5f8d6
 def merged_model(
@@ -288,3 +292,60 @@ def model_card(
         text = command if isinstance(command, str) else shlex.join(map(str, command))
         lines += ["", "## How it was trained", "", "```bash", text, "```"]
     return "\n".join(lines) + "\n"
+
+# %% ../nbs/68_export.ipynb #c00b8951
+def training_command(
+    config: TrainingConfig,  # the run's settings
+) -> str:  # e.g. "rlnb train -p num_iterations 60 -p output_dir runs/grpo"
+    "A command that trains the run again: `rlnb train` with every setting that differs from the default."
+    parts, defaults = ["rlnb", "train"], TrainingConfig()
+    for name in TrainingConfig._fields:
+        value = getattr(config, name)
+        if name == "resume" or value == getattr(defaults, name): continue
+        text = value if isinstance(value, str) and parse_value(value) == value else repr(value)  # read back as given
+        parts += ["-p", name, text]
+    return shlex.join(parts)
+
+
+def run_summary(
+    folder: str | Path,  # the run folder
+    config: TrainingConfig,  # the run's settings
+    iteration: int,  # the checkpoint's iteration: the numbers stop there
+) -> dict | None:  # training_summary's numbers; None without metrics.jsonl
+    "The run's start and end in numbers (reward, held-out accuracy), read from its metrics.jsonl up to `iteration`."
+    file = Path(folder) / "metrics.jsonl"
+    if not file.is_file(): return None
+    metrics = load_metrics(file)
+    if "step" not in metrics: return None
+    metrics = metrics[metrics["step"] <= iteration].groupby("step", sort=True, as_index=False).first()
+    return training_summary(config, metrics, wall_seconds=0.0)
+
+# %% ../nbs/68_export.ipynb #fef043e8
+EXPORT_FORMATS = ("hf", "gguf")  # a Hugging Face folder, a GGUF file
+
+
+def export_run(
+    folder: str | Path,  # a run folder (or a checkpoint in one)
+    out: str | Path,  # the folder (hf) or .gguf file (gguf) to create; it must not exist
+    format: str = "hf",  # "hf" or "gguf"
+    dtype: str = "f16",  # a GGUF file's weights: "f16" or "f32"
+    iteration: int | None = None,  # a kept checkpoint's iteration (None: the last)
+) -> Path:  # what was written
+    "A run's trained model, its adapter merged, as a Hugging Face folder or a GGUF file, with its model card."
+    fn, out = "export_run", Path(out).expanduser()
+    if format not in EXPORT_FORMATS: raise ValueError(f"{fn}: `format` must be one of {EXPORT_FORMATS}, got {format!r}")
+    if format == "gguf" and (out.suffix != ".gguf" or dtype not in GGUF_DTYPES):
+        raise ValueError(f"{fn}: a GGUF export needs a path ending in .gguf and a dtype of {list(GGUF_DTYPES)}, got "
+                         f"{str(out)!r} and {dtype!r}")
+    card_path = out.with_suffix(".md") if format == "gguf" else None
+    for path in (out, card_path):
+        if path is not None and (path.exists() or path.is_symlink()):
+            raise FileExistsError(f"{fn}: {path} already exists; pass a new path (nothing was overwritten)")
+    checkpoint = find_checkpoint(folder, iteration, fn)
+    run = load_run(checkpoint)
+    run_folder = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    card = model_card(run.config, run_summary(run_folder, run.config, run.iteration), training_command(run.config))
+    if format == "hf": return save_hf(run.model, run.tokenizer, out, card=card)
+    save_gguf(run.model, run.tokenizer, out, dtype=dtype)
+    write_new(card_path, lambda file: file.write_text(card, encoding="utf-8"), fn)
+    return out
