@@ -15,11 +15,11 @@ from typing import Sequence
 from .cache import FolderInUseError, write_atomically
 from .experiments import progress_line, run_experiment, run_sweep
 from .core import TrainingConfig, create_training_config
+from .loggers import training_summary
 
 # %% auto #0
 __all__ = ['MAX_YAML_VALUES', 'MAX_YAML_BYTES', 'INTERRUPTED_EXIT', 'AFTER_RUN_COMMANDS', 'parse_value', 'parse_params',
-           'yaml_params', 'fields_help', 'training_summary', 'train_command', 'main', 'chat_command', 'eval_command',
-           'export_command']
+           'yaml_params', 'fields_help', 'train_command', 'main', 'chat_command', 'eval_command', 'export_command']
 
 # %% ../nbs/61_cli.ipynb #600b0b93
 def parse_value(
@@ -201,29 +201,6 @@ def _given_params(args: argparse.Namespace, several: bool) -> dict:
         params.update(yaml_params(path.read_text(encoding="utf-8", errors="replace"), f"-f {path}"))
     if args.parameters_yaml: params.update(yaml_params(args.parameters_yaml, "-y"))
     return {**params, **parse_params(args.param, several=several)}
-
-# %% ../nbs/61_cli.ipynb #3b81bd7b
-def training_summary(
-    config: TrainingConfig,  # the run's config
-    metrics,  # the metrics DataFrame quick_start_training returned (a row per step)
-    wall_seconds: float,  # time the call took
-    world_size: int = 1,  # processes that trained together
-) -> dict:  # what summary.json holds
-    "The run in a few numbers, as the training notebook's summary.json has them, with the world size."
-    rows = metrics.dropna(subset=["reward/mean"]) if "reward/mean" in metrics else metrics.iloc[0:0]
-    k = max(1, min(10, len(rows) // 2))  # first and last k steps
-    evals = metrics.dropna(subset=["eval/accuracy"]) if "eval/accuracy" in metrics else metrics.iloc[0:0]
-    mean = lambda s: float(s.mean()) if len(s) else None
-    return dict(params=config._asdict(), world_size=world_size,
-                steps=int(rows["step"].max()) if len(rows) else 0,
-                final_step=int(metrics["step"].max()) if len(metrics) else 0,
-                reward_start=mean(rows["reward/mean"].head(k)) if len(rows) else None,
-                reward_final=mean(rows["reward/mean"].tail(k)) if len(rows) else None, reward_window=k,
-                accuracy_start=float(evals["eval/accuracy"].iloc[0]) if len(evals) else None,
-                accuracy_final=float(evals["eval/accuracy"].iloc[-1]) if len(evals) else None,
-                train_seconds=round(float(rows["time/step_s"].sum()) if "time/step_s" in rows else 0.0, 2),
-                wall_seconds=round(wall_seconds, 2),
-                seconds_per_step=mean(rows["time/step_s"]) if "time/step_s" in rows else None)
 
 # %% ../nbs/61_cli.ipynb #3530bc19
 def train_command(

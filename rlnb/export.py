@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/export.html.md"""
 
 # %% ../nbs/68_export.ipynb #fa8bf6e5
 from __future__ import annotations
-import copy, json, os, shlex, shutil
+import ast, copy, json, os, shlex, shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -14,8 +14,7 @@ import numpy as np
 
 from .cache import quiet_progress_bars
 from .core import TrainingConfig, is_peft_model
-from .loggers import load_metrics
-from .cli import parse_value, training_summary
+from .loggers import load_metrics, training_summary
 from .runs import find_checkpoint, load_run
 
 # %% auto #0
@@ -294,6 +293,13 @@ def model_card(
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/68_export.ipynb #c00b8951
+def _read_as_text(value: str) -> bool:
+    "Whether `-p NAME value` gives back this very text: a value that is not a Python literal (papermill's reading)."
+    try: ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError): return True
+    return False
+
+
 def training_command(
     config: TrainingConfig,  # the run's settings
 ) -> str:  # e.g. "rlnb train -p num_iterations 60 -p output_dir runs/grpo"
@@ -302,7 +308,7 @@ def training_command(
     for name in TrainingConfig._fields:
         value = getattr(config, name)
         if name == "resume" or value == getattr(defaults, name): continue
-        text = value if isinstance(value, str) and parse_value(value) == value else repr(value)  # read back as given
+        text = value if isinstance(value, str) and _read_as_text(value) else repr(value)  # read back as given
         parts += ["-p", name, text]
     return shlex.join(parts)
 

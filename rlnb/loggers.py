@@ -13,12 +13,12 @@ from typing import Callable, Mapping, Sequence
 from torch import Tensor
 
 from .cache import loads_json, write_atomically
-from .core import TrainingState, TrainingStats, group_stats
+from .core import TrainingConfig, TrainingState, TrainingStats, group_stats
 
 # %% auto #0
 __all__ = ['METRIC_LABELS', 'metrics_record', 'reward_metrics', 'log_to_console', 'check_metrics_file', 'create_jsonl_logger',
-           'load_metrics', 'drop_metrics_after', 'update_ema_metrics', 'log_to_wandb', 'create_progress_logger',
-           'plot_metrics', 'save_figure', 'load_wandb_metrics', 'create_tensorboard_logger']
+           'load_metrics', 'training_summary', 'drop_metrics_after', 'update_ema_metrics', 'log_to_wandb',
+           'create_progress_logger', 'plot_metrics', 'save_figure', 'load_wandb_metrics', 'create_tensorboard_logger']
 
 # %% ../nbs/40_loggers.ipynb #05a15ce3
 def metrics_record(
@@ -125,6 +125,29 @@ def load_metrics(
         warnings.warn(f"load_metrics: skipped {len(skipped)} lines of {path} ({shown}), "
                       "not JSON records (torn writes?)")
     return pd.DataFrame(rows)
+
+# %% ../nbs/40_loggers.ipynb #072567b1
+def training_summary(
+    config: TrainingConfig,  # the run's config
+    metrics,  # the metrics DataFrame quick_start_training returned (a row per step)
+    wall_seconds: float,  # time the call took
+    world_size: int = 1,  # processes that trained together
+) -> dict:  # what summary.json holds
+    "The run in a few numbers, as the training notebook's summary.json has them, with the world size."
+    rows = metrics.dropna(subset=["reward/mean"]) if "reward/mean" in metrics else metrics.iloc[0:0]
+    k = max(1, min(10, len(rows) // 2))  # first and last k steps
+    evals = metrics.dropna(subset=["eval/accuracy"]) if "eval/accuracy" in metrics else metrics.iloc[0:0]
+    mean = lambda s: float(s.mean()) if len(s) else None
+    return dict(params=config._asdict(), world_size=world_size,
+                steps=int(rows["step"].max()) if len(rows) else 0,
+                final_step=int(metrics["step"].max()) if len(metrics) else 0,
+                reward_start=mean(rows["reward/mean"].head(k)) if len(rows) else None,
+                reward_final=mean(rows["reward/mean"].tail(k)) if len(rows) else None, reward_window=k,
+                accuracy_start=float(evals["eval/accuracy"].iloc[0]) if len(evals) else None,
+                accuracy_final=float(evals["eval/accuracy"].iloc[-1]) if len(evals) else None,
+                train_seconds=round(float(rows["time/step_s"].sum()) if "time/step_s" in rows else 0.0, 2),
+                wall_seconds=round(wall_seconds, 2),
+                seconds_per_step=mean(rows["time/step_s"]) if "time/step_s" in rows else None)
 
 # %% ../nbs/40_loggers.ipynb #69687526
 _UNREADABLE = object()  # a line that is not JSON
