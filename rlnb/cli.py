@@ -284,7 +284,10 @@ def main(
 def chat_command(args: argparse.Namespace) -> int:
     "`rlnb chat RUN`: a chat with the run's model (and its base model with --base), from the terminal or -m lines."
     from rlnb.runs import load_base, load_run
-    from rlnb.talk import chat_session
+    from rlnb.talk import chat_session, printable
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not 0 <= args.temperature < 100: raise ValueError(f"--temperature must be in [0, 100), got {args.temperature}")
     run = load_run(args.run, args.iteration)
     models = {"trained": (run.model, run.tokenizer)}
     if args.base: models["base"] = (load_base(run), run.tokenizer)
@@ -292,7 +295,7 @@ def chat_command(args: argparse.Namespace) -> int:
     def scripted(prompt: str) -> str:
         line = next(lines, None)
         if line is None: raise EOFError
-        _say(prompt + line)
+        _say(prompt + printable(line))
         return line
     _say(f"{run.config.algorithm} on {run.config.task}: {args.run} at iteration {run.iteration}; "
          "an empty line, /exit or Ctrl-D ends, /reset starts over")
@@ -305,6 +308,14 @@ def chat_command(args: argparse.Namespace) -> int:
 def eval_command(args: argparse.Namespace) -> int:
     "`rlnb eval RUN [RUN ...]`: one table of every run (and the base model), printed, and saved on request."
     from rlnb.evaluation import evaluate_runs, plot_evaluation
+    import matplotlib.pyplot as plt
+    for flag, name in (("--csv", args.csv), ("--plot", args.plot)):  # checked before minutes of evaluation
+        if name is not None and not Path(name).expanduser().parent.is_dir():
+            raise FileNotFoundError(f"{flag} {name}: its folder does not exist")
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if args.plot is not None and Path(args.plot).suffix.lstrip(".").lower() not in formats:
+        raise ValueError(f"--plot {args.plot}: name an image file, ending in one of {sorted(formats)}")
     table = evaluate_runs(args.runs, base=args.base, **parse_params(args.param))
     _say(table.to_string(float_format=lambda x: f"{x:.3f}"))
     if args.csv: write_atomically(Path(args.csv), table.to_csv())

@@ -17,7 +17,7 @@ from .core import CONFIG_MAXIMA, GenerationConfig, check_seed
 from .rollouts import create_batch_rollouts, greedy_rollouts, pass_at_k
 from .tasks import create_reward_fn, task_for_policy
 from .checkpoints import checkpoint_metadata
-from .runs import load_base, load_run
+from .runs import find_checkpoint, load_base, load_run, run_config
 
 # %% auto #0
 __all__ = ['HELD_OUT_SEED', 'MAX_EVAL_SIZE', 'MAX_EVAL_SAMPLES', 'pass_at_k_ks', 'check_evaluation_arguments', 'evaluate_model',
@@ -205,26 +205,33 @@ def plot_evaluation(
     return ax.figure
 
 # %% ../nbs/67_evaluation.ipynb #bef50ab4
-def _run_names(folders: list) -> list[str]:
-    "Row names for run folders: each folder's name, or the path as given where two share a name."
-    names = [Path(f).name or str(f) for f in folders]
-    return [name if names.count(name) == 1 else str(f) for name, f in zip(names, folders)]
+def _run_names(folders: list, taken: tuple = ()) -> list[str]:
+    "Row names for run folders: each folder's name, or its whole path where two share a name or it is `taken`."
+    names = [Path(f).name for f in folders]
+    return [name if names.count(name) == 1 and name not in taken else str(Path(f).resolve())
+            for name, f in zip(names, folders)]
 
 
-def _runs_task(runs: Mapping, task: str | None, fn: str):
-    "The one task every run is evaluated on, asked as the runs were asked theirs; runs that disagree are refused."
-    asked = {name: (task or r.config.task, r.config.task_format == "chat"
-                    or (r.config.task_format == "auto" and r.config.model != "tiny")) for name, r in runs.items()}
+def _asked(config) -> str:
+    "How a run was asked its task: 'plain' (the tiny model's '12+34=') or 'in words' (a chat model's question)."
+    chat = config.task_format == "chat" or (config.task_format == "auto" and config.model != "tiny")
+    return "in words" if chat else "plain"
+
+
+def _runs_task(configs: Mapping, task: str | None, fn: str):
+    "The one task every run is evaluated on, asked as the runs were asked theirs; runs asked differently are refused."
+    asked = {name: (task or c.task, _asked(c)) for name, c in configs.items()}
     if len(set(asked.values())) > 1:
-        raise ValueError(f"{fn}: the runs were asked different tasks, or the same task in different forms ({asked}: "
-                         "(task, in words)); evaluate them separately, or name the task")
-    first = next(iter(runs.values())).config
+        said = "; ".join(f"{name}: {t}, asked {form}" for name, (t, form) in asked.items())
+        raise ValueError(f"{fn}: the runs were not asked the same questions ({said}); a plain task and the same task "
+                         "in words are different tests: evaluate such runs separately")
+    first = next(iter(configs.values()))
     return task_for_policy(task or first.task, first.model, first.task_format)
 
 
-def _base_weights(run) -> str | None:
+def _base_weights(checkpoint: Path) -> str | None:
     "The fingerprint of the base model a run started from, as its checkpoint records it."
-    start = checkpoint_metadata(run.checkpoint)["metadata"].get("start") or {}
+    start = checkpoint_metadata(checkpoint)["metadata"].get("start") or {}
     return (start.get("base_model") or {}).get("weights")
 
 # %% ../nbs/67_evaluation.ipynb #7a8bbe32
@@ -232,7 +239,7 @@ def evaluate_runs(
     runs,  # run folders (a list): each is loaded at its last checkpoint with load_run
     base: bool = False,  # put the base model the runs started from in the first row
     task: str | None = None,  # a task name to evaluate on (None: the runs' own)
-    **settings,  # evaluate_model's samples, size, max_new_tokens, temperature, seed (size and budget: the runs')
+    **settings,  # evaluate_model's samples, size, max_new_tokens, temperature, seed (size, budget: the first run's)
 ):  # pandas DataFrame: evaluate_models' table, a row per run named by its folder ("base" first with base=True)
     "Evaluate run folders (and their base model) on the same held-out prompts: one table, as `rlnb eval` prints it."
     import difflib, inspect
@@ -245,13 +252,17 @@ def evaluate_runs(
             close = difflib.get_close_matches(name, allowed, n=1)
             raise ValueError(f"{fn}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else
                                                                    f"; the settings are {allowed}"))
-    loaded = {name: load_run(folder) for name, folder in zip(_run_names(list(runs)), runs)}
-    the_task, first = _runs_task(loaded, task, fn), next(iter(loaded.values()))
-    settings = {"size": first.config.eval_size, "max_new_tokens": first.config.max_new_tokens, **settings}
+    names = _run_names(list(runs), ("base",) if base else ())
+    checkpoints = {name: find_checkpoint(folder, fn=fn) for name, folder in zip(names, runs)}  # no weights read yet
+    configs = {name: run_config(checkpoint) for name, checkpoint in checkpoints.items()}
+    the_task, first = _runs_task(configs, task, fn), next(iter(configs.values()))
+    if base and len({_base_weights(checkpoint) for checkpoint in checkpoints.values()}) > 1:
+        raise ValueError(f"{fn}: base=True, but the runs started from different base models; evaluate each with its "
+                         "own base")
+    settings = {"size": first.eval_size, "max_new_tokens": first.max_new_tokens, **settings}  # asked the same
+    loaded = {name: load_run(checkpoint) for name, checkpoint in checkpoints.items()}
     models = {name: (run.model, run.tokenizer) for name, run in loaded.items()}
     if base:
-        if len({_base_weights(run) for run in loaded.values()}) > 1:
-            raise ValueError(f"{fn}: base=True, but the runs started from different base models; evaluate each "
-                             "with its own base")
-        models = {"base": (load_base(first), first.tokenizer), **models}
+        run = next(iter(loaded.values()))
+        models = {"base": (load_base(run), run.tokenizer), **models}
     return evaluate_models(models, the_task, **settings)

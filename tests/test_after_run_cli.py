@@ -38,8 +38,11 @@ def test_rlnb_eval_prints_the_table_evaluate_runs_gives(run_folder, tmp_path):
         assert column in done.stdout.splitlines()[0]
     logged = rlnb.load_metrics(run_folder / "metrics.jsonl").dropna(subset=["eval/accuracy"])
     assert table.loc["grpo", "accuracy"] == logged["eval/accuracy"].iloc[-1]  # the run's own last evaluation
-    bad = rlnb_command("eval", run_folder, "-p", "sampels", "4")
-    assert bad.returncode == 2 and "did you mean 'samples'" in bad.stderr
+    for args, says in ((("-p", "sampels", "4"), "did you mean 'samples'"),
+                       (("--csv", tmp_path / "no" / "t.csv"), "its folder does not exist"),
+                       (("--plot", tmp_path / "t.xyz"), "name an image file")):
+        bad = rlnb_command("eval", run_folder, *args)  # refused before any model loads
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
 
 @pytest.mark.slow

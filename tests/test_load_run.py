@@ -105,7 +105,8 @@ def test_rlnb_chat_talks_to_a_run_and_its_base(lora_run):
     assert "(a new conversation)" in typed.stdout
     for args, says in (((folder.parent,), "holds runs, each in a folder of its own (lora)"),
                        ((folder, "--iteration", "3"), "no checkpoint of iteration 3; it has [2, 4]"),
-                       ((folder / "missing",), "is not a folder")):
+                       ((folder / "missing",), "is not a folder"),
+                       ((folder, "--max-new-tokens", "0"), "--max-new-tokens must be at least 1")):
         bad = chat(*args)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
