@@ -64,6 +64,7 @@ def test_the_smollm2_reference_has_the_algorithms_that_matter_there():
     assert SMOLLM2_REQUIRED <= set(by_algo) <= set(registered())
     assert set(by_algo) - SMOLLM2_REQUIRED, "no algorithm beyond GRPO, DAPO, CISPO and GSPO"
     for name, runs in by_algo.items():
+        assert sorted(r["seed"] for r in runs) == [0, 1, 2], name  # three seeds, as on the tiny model
         assert all(r["iterations"] == info["args"]["iterations"] for r in runs), name
 
 
