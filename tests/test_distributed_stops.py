@@ -190,7 +190,11 @@ def _own_prompts(rank, world, port, out):
 @pytest.mark.slow
 def test_prompts_that_differ_between_ranks_are_refused_naming_the_first_difference(tmp_path):
     out = str(tmp_path / "prompts")
-    mp.spawn(_own_prompts, args=(2, free_port(), out), nprocs=2)
+    ranks = mp.start_processes(_own_prompts, args=(2, free_port(), out), nprocs=2, join=False, start_method="spawn")
+    for process in ranks.processes: process.join(300)
+    # each rank says what it was told in its file; gloo's threads can abort a rank as it tears down after that (seen
+    # once in CI: SIGABRT, "terminate called without an active exception"), which is torch's exit, not this check
+    assert all(p.exitcode in (0, -signal.SIGABRT) for p in ranks.processes), [p.exitcode for p in ranks.processes]
     for rank in (0, 1):
         said = Path(f"{out}.{rank}").read_text()  # before: "trained 2 iterations", on a mix of two lists
         assert said.startswith("train: the prompts of iteration 1 differ between ranks (prompt 0 is "
