@@ -22,7 +22,7 @@ algorithm's settings from `SETTINGS` below and its registered defaults otherwise
 Learning rates: `SETTINGS` holds the addition task's (measured there). On the other tasks each algorithm gets the
 task's GRPO learning rate (tool_use 2e-4, smollm2 2e-4) times its SETTINGS rate over GRPO's (so DPO runs at half).
 `opd` learns from a teacher, the task's own start trained further with GRPO and cached (built here once if missing,
-see `teacher_dir`): on addition the tiny model after 300 iterations (as chapter 39 caches it), on the tool task the
+see `teacher_dir`): on addition the tiny model after 300 iterations (as chapter 54 caches it), on the tool task the
 SFT'd model after 200, on SmolLM2 the model after 30 (LoRA merged). Sweeps saved before every task had a teacher
 hold "skipped" opd rows; `--report` prints them as such. On the tool task ReMax's baseline is each prompt's greedy
 EPISODE (calls included), and DAPO runs without its overlong penalty (train applies it only with its own rollout_fn).
@@ -100,16 +100,16 @@ SETTINGS: dict[str, dict] = {
     "dppo": dict(learning_rate=2e-3),
     "clip_cov": dict(learning_rate=2e-3),
     "kl_cov": dict(learning_rate=2e-3),
-    # on-policy distillation (nbs/39_distillation.ipynb): GRPO's clipped loss with the teacher's per-token signal
+    # on-policy distillation (nbs/54_distillation.ipynb): GRPO's clipped loss with the teacher's per-token signal
     "opd": dict(learning_rate=2e-3),
-    # pass@k training (nbs/38_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
+    # pass@k training (nbs/53_passk.ipynb): GRPO's clipped loss with pass@k advantages (k=4 of each group of 8)
     "grpo_passk": dict(learning_rate=2e-3),
     # sequence-level ratios (nbs/35a_sequence_ratios.ipynb), GRPO's learning rate (not tuned separately): GSPO-token
     # (GSPO's ratio, per-token gradients), LUSPO (GSPO's term times the length), VESPO (a Gamma weight, no clip)
     "gspo_token": dict(learning_rate=2e-3),
     "luspo": dict(learning_rate=2e-3),
     "vespo": dict(learning_rate=2e-3),
-    # the 2025-2026 baselines (nbs/37_baselines.ipynb), GRPO's learning rate (not tuned separately)
+    # the 2025-2026 baselines (nbs/52_baselines.ipynb), GRPO's learning rate (not tuned separately)
     "reinforce++_baseline": dict(learning_rate=2e-3),  # group mean, then whitened over the batch's tokens
     "opo": dict(learning_rate=2e-3),  # the group's length-weighted mean reward as baseline
     "gpg": dict(learning_rate=2e-3),  # -A log pi, no clip, advantages scaled by B over the non-zero rewards
@@ -122,7 +122,7 @@ SETTINGS: dict[str, dict] = {
     "dro": dict(learning_rate=2e-3),
     "topr": dict(learning_rate=2e-3),
     "m2po": dict(learning_rate=2e-3),
-    # on-policy self-distillation (nbs/39_distillation.ipynb): opd's signal, the teacher the policy shown the answer
+    # on-policy self-distillation (nbs/54_distillation.ipynb): opd's signal, the teacher the policy shown the answer
     # (opsd) or a solved sibling (sdpo); GRPO's rate, not measured
     "opsd": dict(learning_rate=2e-3),
     "sdpo": dict(learning_rate=2e-3),
@@ -153,9 +153,9 @@ FAMILIES = [("GRPO and its variants", ("grpo", "dr_grpo", "dapo", "gspo", "grpo_
             ("advantage baselines", ("maxrl", "gdpo", "remax", "reinforce", "reinforce++", "rloo")),
             ("advantage baselines, 2025-2026", ("reinforce++_baseline", "opo", "gpg", "lite_ppo", "otb")),
             ("DPO, PPO", ("dpo", "ppo")),
-            ("distillation (chapter 39)", ("opd", "opsd", "sdpo"))]
+            ("distillation (chapter 54)", ("opd", "opsd", "sdpo"))]
 # opd's teacher on each task: the task's start after this many GRPO iterations (see teacher_dir; addition's is the one
-# chapter 39 caches)
+# chapter 54 caches)
 TEACHER_ITERATIONS = dict(addition=300, tool_use=200, smollm2=30)
 # the --set all. settings the SmolLM2 teacher takes from its sweep: the sampler and the precision (its folder is named
 # after them), which change its speed and, by rounding, its weights, not its recipe
@@ -237,7 +237,7 @@ def settings_for(name: str, changes: list[str], task: str = "addition") -> dict:
 def teacher_dir(task: str, iterations: int | None = None, changes: tuple[str, ...] = ()) -> Path:
     """opd's teacher on `task`, built once and cached: the task's own start trained further with GRPO.
 
-    addition: the tiny model after TEACHER_ITERATIONS["addition"] GRPO iterations, LoRA merged, as chapter 39 caches
+    addition: the tiny model after TEACHER_ITERATIONS["addition"] GRPO iterations, LoRA merged, as chapter 54 caches
     it. tool_use: the SFT'd tool-use model after TEACHER_ITERATIONS["tool_use"] GRPO iterations of the task's own
     settings (`rlnb.tool_use_config`: full fine-tuning, 2e-4, seed 0), on prompts of seed 100 (the runs train on 0,
     1, 2). smollm2: SmolLM2 after TEACHER_ITERATIONS["smollm2"] iterations of the column's GRPO run (cosine, seed

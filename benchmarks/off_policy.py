@@ -7,7 +7,7 @@
 Each run is `train` for `--iterations` iterations at a constant learning rate, once with `off_policy_steps=0` (sample,
 then update) and once with `off_policy_steps=1` (the next batch sampled in a thread while this one trains), one torch
 thread per side, so two cores can overlap them. The tiny model runs the README's defaults (GRPO, 16 prompts x 8
-samples, LoRA); `--model smollm2` the chat task of chapter 45 (8 prompts x 8, 40 new tokens, T 0.7, lr 2e-4, micro-
+samples, LoRA); `--model smollm2` the chat task of chapter 56 (8 prompts x 8, 40 new tokens, T 0.7, lr 2e-4, micro-
 batches of 16). `--generator` picks the sampler (`TrainingConfig.generator`: hf, hf_bf16, vllm, vllm_bf16; the vLLM
 ones need .venv-vllm), `--correction` the off-policy run's `rollout_correction` and `--mixed-precision` both runs'
 `mixed_precision`. Printed: seconds per iteration (after the first, which builds what is cached), the sampled reward
@@ -19,7 +19,7 @@ import argparse, statistics, time
 from _common import setup_torch
 
 SMOLLM2 = dict(model="smollm2", prompts_per_step=8, group_size=8, max_new_tokens=40, temperature=0.7,
-               learning_rate=2e-4, micro_batch_size=16)  # chapter 45's run
+               learning_rate=2e-4, micro_batch_size=16)  # chapter 56's run
 
 
 def run(seed: int, iterations: int, off: int, args) -> dict:

@@ -1,5 +1,5 @@
 """The algorithm catalogue says the same everywhere: `rlnb.ALGORITHMS` as `import rlnb` fills it, the README's table
-of algorithms, the zoo script (benchmarks/algorithms.py) and its saved reference runs (chapter 64)."""
+of algorithms, the zoo script (benchmarks/algorithms.py) and its saved reference runs (chapter 83)."""
 import importlib.util, json, re, subprocess, sys
 from functools import lru_cache
 from pathlib import Path

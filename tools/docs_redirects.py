@@ -1,4 +1,4 @@
-"""Redirect pages for a built docs site: `experiments.html` -> `60_experiments.html`, for every numbered chapter.
+"""Redirect pages for a built docs site: `experiments.html` -> `80_experiments.html`, for every numbered chapter.
 
 nbdev names a chapter's page after the notebook without its number (the `Docs:` links in rlnb's module docstrings
 use those names); Jupyter Book names it after the file. Usage: python tools/docs_redirects.py _docs/_build/html"""

@@ -17,7 +17,7 @@ SHOTS = (  # (page#where, what it shows, window height in pixels)
     ("index.html", "landing", 2600),
     ("23_kl.html#bias-and-variance-against-the-exact-kl", "chapter_plots", 2200),
     ("api/core.html", "api_core", 2600),
-    ("63_viewer.html#view-rollouts", "markdown_images", 2600),
+    ("82_viewer.html#view-rollouts", "markdown_images", 2600),
 )
 
 FRAME = """<!doctype html><body style="margin:0">

@@ -2,7 +2,7 @@
 
     python tools/screenshots.py [--out nbs/images] [--html DIR] [--keep DIR]
 
-1. Executes nbs/62_widgets.ipynb and nbs/63_viewer.ipynb in fresh kernels (cells flagged `#| slow` skipped) with
+1. Executes nbs/81_widgets.ipynb and nbs/82_viewer.ipynb in fresh kernels (cells flagged `#| slow` skipped) with
    nbclient's `store_widget_state`, so every widget's final state (the dashboard's PNG, the viewer's HTML, ...) is
    saved in the notebook.
 2. Builds one small page per widget: the widget state, a view of the widget, and the JavaScript that renders saved
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("RLNB_SCREENSHOT_CACHE", Path.home() / ".cache" / "rlnb-screenshots"))
 NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0", "requirejs@^2.3")
 SHOTS = (  # (notebook, css class of the widget's root, which one of them (0: the first displayed), output file, width)
-    ("62_widgets.ipynb", "rlnb-dashboard", 0, "dashboard.png", 1160),
-    ("63_viewer.ipynb", "rlnb-viewer", 0, "rollout_viewer.png", 1000),
-    ("63_viewer.ipynb", "rlnb-viewer", 1, "rollout_viewer_tools.png", 1000),
+    ("81_widgets.ipynb", "rlnb-dashboard", 0, "dashboard.png", 1160),
+    ("82_viewer.ipynb", "rlnb-viewer", 0, "rollout_viewer.png", 1000),
+    ("82_viewer.ipynb", "rlnb-viewer", 1, "rollout_viewer_tools.png", 1000),
 )
 STATE_MIME, VIEW_MIME = "application/vnd.jupyter.widget-state+json", "application/vnd.jupyter.widget-view+json"
 

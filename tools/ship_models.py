@@ -3,8 +3,8 @@
     python tools/ship_models.py            # builds the folders that are missing, removes the ones no recipe names
     python tools/ship_models.py --rebuild  # builds every one again
 
-The default tiny model (chapter 46: `load_tiny_model()`'s recipe), then the two made from it: the tool-use model
-(chapter 53: `load_tool_use_model()`) and the tiny reward model (chapter 26: `load_tiny_reward_model()`). Each is
+The default tiny model (chapter 92: `load_tiny_model()`'s recipe), then the two made from it: the tool-use model
+(chapter 63: `load_tool_use_model()`) and the tiny reward model (chapter 50: `load_tiny_reward_model()`). Each is
 built in a temporary cache and moved into rlnb/weights/ under its cache name, which `rlnb.cache.shipped_or_cached`
 looks up. Change a recipe and its name changes: the old folder is removed, the new one built. One torch thread, as
 the recipes were measured."""
