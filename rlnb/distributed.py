@@ -17,6 +17,7 @@ from torch import Tensor
 from .checkpoints import checkpoint_exists, checkpoint_metadata
 from .core import CollatedBatch, TrainingConfig, TrainingStats, is_peft_model, to_jsonable
 from .algorithms import batch_fields_for, compute_batch_advantages, find_algorithm
+from .step import DATA_PARALLEL
 from .rollouts import split_prompts
 from .loggers import reward_metrics
 
@@ -711,3 +712,6 @@ def sharded_micro_batches(
 ) -> tuple[list, float]:  # (micro-batches, the scale of each loss)
     "Sharded: every rank's micro-batches evened, each loss x this rank's share (FSDP sums); replicated: as they are."
     return (even_micro_batches(chunks), share) if is_sharded(model) else (chunks, 1.0)
+
+# %% ../nbs/71_distributed.ipynb #8d5f8893
+DATA_PARALLEL["torch.distributed"] = sys.modules["rlnb.distributed"]  # the step's seam when several processes train

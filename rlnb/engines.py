@@ -16,6 +16,7 @@ from .core import Generation, GenerationConfig, is_peft_model
 from .generation import (_check_generation_config, _stop_string_cut, encode_prompts, eos_token_ids, merged_lora,
                              token_id_limit)
 from .mismatch import sampler_copy
+from .training import SAMPLERS
 
 # %% auto #0
 __all__ = ['VLLM_INSTALL', 'import_vllm', 'policy_weights', 'check_engine_options', 'create_vllm_engine', 'sync_weights',
@@ -313,3 +314,7 @@ def create_vllm_generator(
 ) -> VLLMGenerator:  # generator(model, tokenizer, prompts, config) -> list[Generation], with sync and timings
     "A `generator` hook that samples with vLLM: the policy's weights are synced into the engine before each call."
     return VLLMGenerator(model, sleep, **engine_options)
+
+# %% ../nbs/70_engines.ipynb #9ef8708e
+SAMPLERS["vllm"] = lambda: create_vllm_generator(dtype="float32")  # the policy's own precision: no mismatch from dtype
+SAMPLERS["vllm_bf16"] = lambda: create_vllm_generator(dtype="bfloat16")  # faster; chapter 34 measures the mismatch

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/models.html.md"""
 
 # %% ../nbs/13_models.ipynb #a17859c9
 from __future__ import annotations
-import contextlib, json, math, os, re, warnings
+import contextlib, inspect, json, math, os, re, warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -15,6 +15,7 @@ from torch import nn
 
 from .cache import load_from_folder
 from .core import CONTROL_CHARACTERS, ModelConfig, is_peft_model
+from .tiny import create_tiny_tokenizer, load_tiny_model
 
 # %% auto #0
 __all__ = ['MODEL_LOADERS', 'TOKENIZER_LOADERS', 'find_linear_modules', 'apply_lora', 'hub_failures_named', 'registered_loader',
@@ -217,7 +218,8 @@ def load_model(
         # 8-bit weights are placed by bitsandbytes
         if not config.load_in_8bit: model = model.to(device=device, dtype=dtype)
     elif config.model_name_or_path == "tiny":
-        raise ValueError("load_model: 'tiny' is not registered in MODEL_LOADERS; `import rlnb.tiny` registers it")
+        raise ValueError("load_model: 'tiny' is not registered in MODEL_LOADERS; rlnb.models registers it when "
+                         "imported")
     else: model = _load_hf_model(config._replace(model_name_or_path=_checked_name(config.model_name_or_path)),
                                  device, dtype)
     # non-reentrant: works when the inputs do not require grad (frozen embeddings, LoRA)
@@ -285,7 +287,7 @@ def load_tokenizer(
     if loader is not None: tokenizer = loader(config)
     elif config.model_name_or_path == "tiny":
         raise ValueError("load_tokenizer: 'tiny' is not registered in TOKENIZER_LOADERS; "
-                         "`import rlnb.tiny` registers it")
+                         "rlnb.models registers it when imported")
     else:
         name = _checked_name(config.model_name_or_path, "load_tokenizer")
         odd = [f for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")  # transformers skips them
@@ -295,3 +297,26 @@ def load_tokenizer(
         with hub_failures_named(name, TOKENIZER_LOADERS, "load_tokenizer"):
             tokenizer = auto_tokenizer(name, config.trust_remote_code)
     return prepare_tokenizer(tokenizer, padding_side, fn="load_tokenizer")
+
+# %% ../nbs/13_models.ipynb #1d591d9d
+def _tiny_model_loader(config: ModelConfig):
+    "MODEL_LOADERS['tiny']: the SFT'd model `load_tiny_model(**config.custom_config)` returns."
+    for option in ("load_in_8bit", "use_flash_attention"):  # a GPU's options: the tiny model has neither
+        if getattr(config, option):
+            raise ValueError(f"load_model: `{option}=True`, but the tiny model is a small float model without "
+                             f"8-bit weights or flash attention; set {option}=False")
+    options, accepted = config.custom_config or {}, list(inspect.signature(load_tiny_model).parameters)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"load_model: `custom_config` keys {unknown} are not options of the tiny model; "
+                         f"it takes {accepted} (load_tiny_model's arguments)")
+    return load_tiny_model(**options)[0]
+
+
+def _tiny_tokenizer_loader(config: ModelConfig):
+    "TOKENIZER_LOADERS['tiny']: the tiny tokenizer (the same for every tiny model)."
+    return create_tiny_tokenizer()
+
+
+MODEL_LOADERS["tiny"] = _tiny_model_loader
+TOKENIZER_LOADERS["tiny"] = _tiny_tokenizer_loader

@@ -22,7 +22,7 @@ from .mismatch import (apply_rollout_correction, find_rollout_correction, no_cor
 from .loggers import reward_metrics
 
 # %% auto #0
-__all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
+__all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'DATA_PARALLEL', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
            'create_training_state', 'default_num_threads', 'is_metrics', 'OneProcess', 'data_parallel', 'training_step']
 
 # %% ../nbs/42_step.ipynb #9eca1eb6
@@ -422,15 +422,23 @@ class OneProcess:
         return rollout_fn, eval_fn, checkpoint_fn
 
 
+# {"torch.distributed": the seam for several processes}: `OneProcess`'s methods, each doing the work of many ranks.
+# Chapter *Several processes* (part 7) registers `rlnb.distributed` here when it is imported (`import rlnb` does).
+DATA_PARALLEL: dict[str, Any] = {}
+
+
 def data_parallel(start: bool = False):
-    "rlnb.distributed (chapter *Several processes*, later) when several processes train together, else OneProcess()."
+    "The registered seam for several processes when several train together (or start to: `start`), else OneProcess()."
     import torch.distributed as dist
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     launched = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")  # torchrun's; checked when joining
     if not several and not (start and launched): return OneProcess()
-    from rlnb import distributed  # imported only when a process group is (or is to be) up
-    if start: distributed.init_distributed()  # torchrun's environment: join the group (gloo on CPU, nccl on CUDA)
-    return distributed
+    if "torch.distributed" not in DATA_PARALLEL:
+        raise RuntimeError("several processes, but no data-parallel seam is registered: `import rlnb` registers "
+                           "rlnb.distributed's")
+    seam = DATA_PARALLEL["torch.distributed"]
+    if start: seam.init_distributed()  # torchrun's environment: join the group (gloo on CPU, nccl on CUDA)
+    return seam
 
 
 # %% ../nbs/42_step.ipynb #5b749d7b

@@ -15,14 +15,12 @@ from .cache import (SHIPPED_DIR, build_atomically, default_cache_dir, load_from_
                         shipped_or_cached)
 from .core import ModelConfig
 from .tasks import resolve_task
-from .models import MODEL_LOADERS, TOKENIZER_LOADERS
-from .loggers import create_jsonl_logger, load_metrics
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'TAG_TOKENS', 'CHAT_TEMPLATE', 'TINY_FORMAT_VERSION', 'DEFAULT_TINY_CONFIG', 'DEFAULT_SFT_CONFIG',
-           'DEFAULT_SFT_STEPS', 'METRICS_FILE', 'SUMMARY_FILE', 'byte_symbols', 'create_tiny_tokenizer',
-           'create_tiny_model', 'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path', 'train_tiny_model_into',
-           'read_tiny_history', 'load_tiny_model']
+           'DEFAULT_SFT_STEPS', 'METRICS_FILE', 'SUMMARY_FILE', 'TINY_TRAINING', 'byte_symbols',
+           'create_tiny_tokenizer', 'create_tiny_model', 'tiny_cache_dir', 'tiny_cache_path', 'tiny_model_path',
+           'load_tiny_model']
 
 # %% ../nbs/12_tiny.ipynb #a6a16885
 # control tokens, skipped by `skip_special_tokens`
@@ -122,6 +120,10 @@ DEFAULT_SFT_CONFIG = dict(learning_rate=1e-3, batch_size=16, examples=24_000, wa
 DEFAULT_SFT_STEPS = 700  # SFT steps of the default models (chapter *How the tiny model is made* says why 700)
 METRICS_FILE = "sft_metrics.jsonl"  # the SFT run's metrics, beside the model
 SUMMARY_FILE = "tiny_summary.json"  # written last: its presence marks a complete model folder
+# How a tiny model the package does not ship is trained, the first time it is asked for: the chapter *How the tiny
+# model is made* (part 10) puts its `train_into(folder, task, steps, seed, model_config, sft_config, progress)` and
+# its `sft_config_keys` here when imported (`import rlnb` does), so this module needs nothing from the training loop
+TINY_TRAINING: dict = {}
 
 # %% ../nbs/12_tiny.ipynb #db2e2423
 def tiny_cache_dir(
@@ -167,51 +169,13 @@ def tiny_model_path(
     return shipped_or_cached(tiny_cache_path(task, steps, seed, None, model_config, sft_config).name, _is_complete,
                              cache_dir)
 
-# %% ../nbs/12_tiny.ipynb #a3d74dfb
-def train_tiny_model_into(
-    tmp: Path,  # an empty folder (build_atomically's temporary one)
-    task,  # a Task
-    steps: int,  # SFT steps
-    seed: int,  # seed of the initialisation and the data
-    model_config: dict | None,  # overrides of DEFAULT_TINY_CONFIG
-    sft_config: dict | None,  # overrides of DEFAULT_SFT_CONFIG
-    progress: bool,  # text progress lines
-) -> None:
-    "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
-    from rlnb.step import default_num_threads  # chapter *One training step*
-    from rlnb.tiny_sft import sft_tiny_model  # the SFT recipe: chapter *How the tiny model is made*
-    tokenizer = create_tiny_tokenizer()
-    model_kw, sft_kw = {**DEFAULT_TINY_CONFIG, **(model_config or {})}, {**DEFAULT_SFT_CONFIG, **(sft_config or {})}
-    model = create_tiny_model(tokenizer, **model_kw, seed=seed)
-    t0 = time.perf_counter()
-    metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
-                             logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
-    seconds = time.perf_counter() - t0
-    with quiet_progress_bars():  # a bar for a 2 MB local write is noise
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
-    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
-                   model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
-                   seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
-                   accuracy=float(acc.iloc[-1]) if len(acc) else None,
-                   built_on=dict(cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__))
-    (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
-
-
-def read_tiny_history(
-    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's (`tiny_model_path()`)
-):  # DataFrame: one row per step (loss/sft, lr, ...) and per evaluation (eval/accuracy)
-    "The SFT metrics stored beside a cached tiny model."
-    return load_metrics(Path(tiny_model_path() if path is None else path) / METRICS_FILE)
-
 # %% ../nbs/12_tiny.ipynb #f611ee41
 _MODEL_KEYS = set(inspect.signature(create_tiny_model).parameters) - {"tokenizer", "seed", "config_kwargs"}
 
 def _check_overrides(model_config: dict | None, sft_config: dict | None, fn: str = "load_tiny_model") -> None:
     "Unknown keys in `model_config` (create_tiny_model, Qwen2Config) or `sft_config` (sft_tiny_model): errors first."
     from transformers import Qwen2Config
-    from rlnb.tiny_sft import SFT_CONFIG_KEYS  # the SFT's own arguments (chapter *How the tiny model is made*)
+    SFT_CONFIG_KEYS = TINY_TRAINING["sft_config_keys"]  # the SFT's own arguments
     overrides = (("model_config", model_config, _MODEL_KEYS), ("sft_config", sft_config, SFT_CONFIG_KEYS))
     for name, given, known in overrides:
         if given is None: continue
@@ -237,7 +201,8 @@ def _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_confi
         name = getattr(task, "name", task)
         print(f"rlnb: building the tiny model for {name!r} once (supervised training, minutes on a CPU); "
               f"it is cached in {path}", flush=True)
-    build = lambda tmp: train_tiny_model_into(tmp, task, steps, seed, model_config, sft_config, progress)  # once
+    train_into = TINY_TRAINING["train_into"]  # how it is trained: chapter *How the tiny model is made*
+    build = lambda tmp: train_into(tmp, task, steps, seed, model_config, sft_config, progress)  # once
     build_atomically(path, build, _is_complete)
     load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model = load_from_folder(load, path, "the tiny model")
@@ -262,26 +227,3 @@ def load_tiny_model(
     "The SFT'd tiny model and its tokenizer: the package's copy, or trained on the first call and cached."
     with _LOAD_LOCK:  # threads of one process take turns (`from_pretrained` is not thread-safe); processes race safely
         return _load_tiny_model(task, path, steps, seed, cache_dir, model_config, sft_config, progress)
-
-# %% ../nbs/12_tiny.ipynb #1d591d9d
-def _tiny_model_loader(config: ModelConfig):
-    "MODEL_LOADERS['tiny']: the SFT'd model `load_tiny_model(**config.custom_config)` returns."
-    for option in ("load_in_8bit", "use_flash_attention"):  # a GPU's options: the tiny model has neither
-        if getattr(config, option):
-            raise ValueError(f"load_model: `{option}=True`, but the tiny model is a small float model without "
-                             f"8-bit weights or flash attention; set {option}=False")
-    options, accepted = config.custom_config or {}, list(inspect.signature(load_tiny_model).parameters)
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise ValueError(f"load_model: `custom_config` keys {unknown} are not options of the tiny model; "
-                         f"it takes {accepted} (load_tiny_model's arguments)")
-    return load_tiny_model(**options)[0]
-
-
-def _tiny_tokenizer_loader(config: ModelConfig):
-    "TOKENIZER_LOADERS['tiny']: the tiny tokenizer (the same for every tiny model)."
-    return create_tiny_tokenizer()
-
-
-MODEL_LOADERS["tiny"] = _tiny_model_loader
-TOKENIZER_LOADERS["tiny"] = _tiny_tokenizer_loader

@@ -6,7 +6,16 @@ Docs: https://rlnb.github.io/rlnb/tiny_sft.html.md"""
 
 # %% ../nbs/92_tiny_sft.ipynb #89b1b9b5
 from __future__ import annotations
-import inspect
+import inspect, json, os, time
+from pathlib import Path
+
+import torch
+
+from .cache import quiet_progress_bars
+from .loggers import create_jsonl_logger, load_metrics
+from .step import default_num_threads
+from .tiny import (DEFAULT_SFT_CONFIG, DEFAULT_TINY_CONFIG, METRICS_FILE, SUMMARY_FILE, TINY_TRAINING,
+                       create_tiny_model, create_tiny_tokenizer, tiny_model_path)
 
 from .checkpoints import rng_state, set_rng_state
 from .rollouts import evaluate_accuracy
@@ -14,7 +23,7 @@ from .sft import sft
 from .tasks import resolve_task
 
 # %% auto #0
-__all__ = ['SFT_CONFIG_KEYS', 'sft_tiny_model']
+__all__ = ['SFT_CONFIG_KEYS', 'sft_tiny_model', 'train_tiny_model_into', 'read_tiny_history']
 
 # %% ../nbs/92_tiny_sft.ipynb #c9aaa03f
 def _held_out_split(task, n_train: int, eval_size: int, seed: int, eval_seed: int):
@@ -78,3 +87,42 @@ def sft_tiny_model(
 # the `sft_config` keys `load_tiny_model` accepts: sft_tiny_model's settings
 SFT_CONFIG_KEYS = (frozenset(inspect.signature(sft_tiny_model).parameters)
                    - {"model", "tokenizer", "task", "steps", "seed", "logger", "progress"})
+
+# %% ../nbs/92_tiny_sft.ipynb #a3d74dfb
+def train_tiny_model_into(
+    tmp: Path,  # an empty folder (build_atomically's temporary one)
+    task,  # a Task
+    steps: int,  # SFT steps
+    seed: int,  # seed of the initialisation and the data
+    model_config: dict | None,  # overrides of DEFAULT_TINY_CONFIG
+    sft_config: dict | None,  # overrides of DEFAULT_SFT_CONFIG
+    progress: bool,  # text progress lines
+) -> None:
+    "Build, SFT and save a tiny model into `tmp`: weights, tokenizer, metrics, then the summary that marks it complete."
+    tokenizer = create_tiny_tokenizer()
+    model_kw, sft_kw = {**DEFAULT_TINY_CONFIG, **(model_config or {})}, {**DEFAULT_SFT_CONFIG, **(sft_config or {})}
+    model = create_tiny_model(tokenizer, **model_kw, seed=seed)
+    t0 = time.perf_counter()
+    metrics = sft_tiny_model(model, tokenizer, task, steps=steps, seed=seed, progress=progress,
+                             logger=create_jsonl_logger(tmp / METRICS_FILE), **sft_kw)
+    seconds = time.perf_counter() - t0
+    with quiet_progress_bars():  # a bar for a 2 MB local write is noise
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    acc = metrics["eval/accuracy"].dropna() if "eval/accuracy" in metrics else []
+    summary = dict(task=task.name, task_params=getattr(task, "params", None), steps=steps, seed=seed,
+                   model_config=model_kw, sft_config=sft_kw, iterations=int(metrics["iteration"].max()),
+                   seconds=round(seconds, 2), num_threads=default_num_threads(model, sft_kw.get("num_threads")),
+                   accuracy=float(acc.iloc[-1]) if len(acc) else None,
+                   built_on=dict(cpu=torch.backends.cpu.get_cpu_capability(), torch=torch.__version__))
+    (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=1, default=repr))  # last: marks the folder complete
+
+
+def read_tiny_history(
+    path: str | os.PathLike | None = None,  # a tiny model folder; None = the default model's (`tiny_model_path()`)
+):  # DataFrame: one row per step (loss/sft, lr, ...) and per evaluation (eval/accuracy)
+    "The SFT metrics stored beside a cached tiny model."
+    return load_metrics(Path(tiny_model_path() if path is None else path) / METRICS_FILE)
+
+# %% ../nbs/92_tiny_sft.ipynb #23b4afda
+TINY_TRAINING.update(train_into=train_tiny_model_into, sft_config_keys=SFT_CONFIG_KEYS)

@@ -30,7 +30,7 @@ from .resume import output_lock, output_paths, resumed_state, run_start
 from .interrupts import SoftInterrupt
 
 # %% auto #0
-__all__ = ['training_iteration', 'build_policy', 'train']
+__all__ = ['SAMPLERS', 'training_iteration', 'build_policy', 'train']
 
 # %% ../nbs/43_training.ipynb #06b4e87b
 def _check_completions(batch: Batch, source: str) -> Batch:
@@ -186,12 +186,18 @@ def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | No
     return prompt_loader, buffer, source
 
 # %% ../nbs/43_training.ipynb #dd6a7360
+# {config.generator: a function of no arguments that returns its `generator` hook (None: transformers on the policy
+# itself)}. An engine plugs in here by name: chapter *vLLM as the sampler* (part 7) adds "vllm" and "vllm_bf16".
+SAMPLERS: dict[str, Callable[[], Callable | None]] = {"hf": lambda: None,
+                                                      "hf_bf16": lambda: create_hf_generator("bfloat16")}
+
+
 def _config_generator(config: TrainingConfig) -> Callable | None:
     "The sampler `config.generator` names: None for transformers on the policy itself, else a `generator` hook."
-    if config.generator in ("vllm", "vllm_bf16"):
-        from rlnb.engines import create_vllm_generator  # imports vLLM, an optional extra: only when asked for
-        return create_vllm_generator(dtype="bfloat16" if config.generator == "vllm_bf16" else "float32")
-    return create_hf_generator("bfloat16") if config.generator == "hf_bf16" else None
+    if config.generator not in SAMPLERS:
+        raise ValueError(f"train: `generator`={config.generator!r} names no registered sampler; known: "
+                         f"{sorted(SAMPLERS)} (`import rlnb` registers the vLLM engine's)")
+    return SAMPLERS[config.generator]()
 
 
 def _run_specs(algo: Mapping | Callable, config: TrainingConfig) -> dict[str, AlgorithmSpec]:

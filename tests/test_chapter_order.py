@@ -21,7 +21,10 @@ import rlnb
 NBS = Path(__file__).parents[1] / "nbs"
 UNDER_THE_HOOD = "Under the hood"
 # (chapter, module): a use that reads forward on purpose, with the reason the chapter's prose gives
-ALLOWED = {("00_from_scratch", "tiny"): "chapter 00 loads the tiny model by name; chapter 13 shows what it is"}
+ALLOWED = {
+    ("00_from_scratch", "tiny"): "the one-page GRPO loads the tiny model by name; chapter 12 shows what it is",
+    ("00_from_scratch", "algorithms"): "its last cell checks the page's loss against rlnb's, taught in chapter 30",
+}
 
 
 @cache

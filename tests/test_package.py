@@ -69,13 +69,14 @@ PUBLIC = {
                "plot_metrics create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
     "step": "lr_multiplier create_optimizer default_optimizer_step create_training_state default_num_threads "
-            "is_metrics OneProcess data_parallel training_step",
-    "training": "training_iteration train",
+            "is_metrics OneProcess DATA_PARALLEL data_parallel training_step",
+    "training": "SAMPLERS training_iteration train",
     "train_checks": "HOOK_SIGNATURES checked_template_fn checked_generator warn_unused_hooks check_train_arguments",
     "resume": "RUN_IDENTITY output_lock output_paths check_same_run resumed_state",
     "sft": "sft sft_loss tokenize_sft_example",
     "quickstart": "quick_start_training",
-    "tiny": "load_tiny_model create_tiny_tokenizer create_tiny_model train_tiny_model_into read_tiny_history",
+    "tiny": "load_tiny_model create_tiny_tokenizer create_tiny_model",
+    "tiny_sft": "sft_tiny_model train_tiny_model_into read_tiny_history",
     "experiments": "RunResult STATUS_FILE RUN_LOCK_FILE ATTEMPTS_DIR ProcessPerRun check_run_params run_name "
                    "expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
     "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",

@@ -14,7 +14,8 @@ from rlnb.models import load_model, load_tokenizer
 from rlnb.rollouts import evaluate_accuracy
 from rlnb.cache import SHIPPED_DIR
 from rlnb.tiny import (DEFAULT_SFT_STEPS, SUMMARY_FILE, create_tiny_model, create_tiny_tokenizer, load_tiny_model,
-                       read_tiny_history, tiny_cache_path, tiny_model_path)
+                       tiny_cache_path, tiny_model_path)
+from rlnb.tiny_sft import read_tiny_history
 
 FAST = dict(steps=6, sft_config={"eval_size": 16, "eval_every": 0}, progress=False)  # seconds, not a useful model
 
@@ -98,7 +99,7 @@ import sys, time
 from pathlib import Path
 import rlnb.tiny as tiny
 cache, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-train_into = tiny.train_tiny_model_into
+train_into = tiny.TINY_TRAINING["train_into"]
 def racing_train_into(*args, **kwargs):  # a file barrier: both processes have missed the cache before either trains
     (cache / me).touch()
     deadline = time.time() + 120
@@ -106,7 +107,7 @@ def racing_train_into(*args, **kwargs):  # a file barrier: both processes have m
         if time.time() > deadline: raise TimeoutError("the other process never arrived")
         time.sleep(0.05)
     return train_into(*args, **kwargs)
-tiny.train_tiny_model_into = racing_train_into
+tiny.TINY_TRAINING["train_into"] = racing_train_into
 model, tok = tiny.load_tiny_model(cache_dir=cache, steps=6, sft_config={"eval_size": 16, "eval_every": 0},
                                   progress=False)
 print("OK", sum(float(p.sum()) for p in model.parameters()))
