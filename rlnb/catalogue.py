@@ -15,9 +15,9 @@ from torch import Tensor
 from .checks import check_2d, check_finite, check_finite_number, resolve_group_ids, rewards_1d
 from .core import group_stats
 from .kl import KL_ESTIMATORS
-from .algorithms import (ALGORITHMS, AlgorithmSpec, advantages_2d, aggregate_loss, check_clip_config,
+from .algorithms import (AlgorithmSpec, advantages_2d, aggregate_loss, check_clip_config,
                              compute_grpo_advantages, compute_policy_gradient_loss, create_algorithm_config, grpo_loss,
-                             masked_means, token_kl)
+                             masked_means, register_algorithm, token_kl)
 
 # %% auto #0
 __all__ = ['DAPO_DEFAULTS', 'compute_rloo_advantages', 'compute_reinforce_advantages', 'compute_reinforce_loss', 'reinforce_loss',
@@ -40,9 +40,9 @@ def compute_rloo_advantages(
     return torch.where(n > 1, centered * n / (n - 1).clamp(min=1), torch.zeros_like(r))
 
 # %% ../nbs/31_catalogue.ipynb #6908c13a
-ALGORITHMS["rloo"] = AlgorithmSpec(compute_rloo_advantages, grpo_loss, MappingProxyType(dict(
+register_algorithm("rloo", AlgorithmSpec(compute_rloo_advantages, grpo_loss, MappingProxyType(dict(
     clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean", max_completion_length=None, kl_fn=None)),
-    check_config=check_clip_config)
+    check_config=check_clip_config))
 
 # %% ../nbs/31_catalogue.ipynb #b9b26eda
 def _batch_mean_baseline(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -107,9 +107,9 @@ def reinforce_loss(
     return loss + kl_loss, {**metrics, "loss/kl": kl_loss.item()}
 
 # %% ../nbs/31_catalogue.ipynb #2c84a7e6
-ALGORITHMS["reinforce"] = AlgorithmSpec(compute_reinforce_advantages, reinforce_loss, MappingProxyType(dict(
+register_algorithm("reinforce", AlgorithmSpec(compute_reinforce_advantages, reinforce_loss, MappingProxyType(dict(
     baseline_fn=None, beta=0.0, aggregation="token_mean", max_completion_length=None, kl_fn=None)),
-    group_relative=False)
+    group_relative=False))
 
 # %% ../nbs/31_catalogue.ipynb #43e24424
 DAPO_DEFAULTS = MappingProxyType({
@@ -138,9 +138,9 @@ def compute_dapo_loss(
                      clip_eps_high=clip_eps_high, beta=beta, aggregation="token_mean", kl_fn=kl_fn)
 
 # %% ../nbs/31_catalogue.ipynb #e237cc57
-ALGORITHMS["dapo"] = AlgorithmSpec(compute_grpo_advantages, compute_dapo_loss, MappingProxyType(dict(
+register_algorithm("dapo", AlgorithmSpec(compute_grpo_advantages, compute_dapo_loss, MappingProxyType(dict(
     scale="group", eps=1e-4, clip_eps=0.2, clip_eps_high=0.28, beta=0.0, kl_fn=None)), run_defaults=DAPO_DEFAULTS,
-    check_config=check_clip_config)
+    check_config=check_clip_config))
 
 
 def create_dapo_config(**overrides) -> dict:
@@ -203,10 +203,10 @@ def gspo_loss(
     return loss, metrics
 
 # %% ../nbs/31_catalogue.ipynb #1927db27
-ALGORITHMS["gspo"] = AlgorithmSpec(compute_grpo_advantages, gspo_loss, MappingProxyType(dict(
+register_algorithm("gspo", AlgorithmSpec(compute_grpo_advantages, gspo_loss, MappingProxyType(dict(
     scale="group", eps=1e-4, clip_eps=3e-4, clip_eps_high=4e-4, beta=0.0, aggregation="sequence_mean",
     max_completion_length=None, kl_fn=None)), correction_level="sequence",  # one advantage and ratio per sequence
-    check_config=check_clip_config)
+    check_config=check_clip_config))
 
 # %% ../nbs/31_catalogue.ipynb #3950e868
 def compute_reinforce_pp_advantages(
@@ -239,6 +239,7 @@ def reinforce_pp_loss(
                      aggregation="token_mean", kl_fn=kl_fn or KL_ESTIMATORS[kl_estimator])
 
 # %% ../nbs/31_catalogue.ipynb #6987a68c
-ALGORITHMS["reinforce++"] = AlgorithmSpec(compute_reinforce_pp_advantages, reinforce_pp_loss, MappingProxyType(dict(
-    eps=1e-4, clip_eps=0.2, beta=0.01, kl_estimator="k3", kl_fn=None)), group_relative=False,
-    check_config=check_clip_config)
+register_algorithm("reinforce++", AlgorithmSpec(
+    compute_reinforce_pp_advantages, reinforce_pp_loss,
+    MappingProxyType(dict(eps=1e-4, clip_eps=0.2, beta=0.01, kl_estimator="k3", kl_fn=None)), group_relative=False,
+    check_config=check_clip_config))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number, resolve_group_ids, rewards_1d
 from .core import Batch, CollatedBatch
-from .algorithms import ALGORITHMS, AlgorithmSpec
+from .algorithms import AlgorithmSpec, register_algorithm
 
 # %% auto #0
 __all__ = ['PAIR_SELECTORS', 'best_vs_worst_pairs', 'all_ordered_pairs', 'compute_dpo_pairs', 'compute_dpo_loss',
@@ -192,7 +192,7 @@ def _check_dpo_config(algorithm_config, run_config) -> None:
                          "use beta > 0 (DPO's usual 0.1)")
 
 
-ALGORITHMS["dpo"] = AlgorithmSpec(compute_dpo_advantages, dpo_loss, MappingProxyType(dict(
+register_algorithm("dpo", AlgorithmSpec(compute_dpo_advantages, dpo_loss, MappingProxyType(dict(
     beta=0.1, pair_selector=None, min_margin=0.0)), group_relative=True, whole_groups=True,
     # its loss compares whole sequences: nothing to weight
-    loss_units=dpo_pairs_per_row, correction_level=None, check_config=_check_dpo_config)
+    loss_units=dpo_pairs_per_row, correction_level=None, check_config=_check_dpo_config))

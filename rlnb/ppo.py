@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from .checks import check_2d, check_finite, check_finite_number, rewards_1d
 from .core import TrainingState, model_device
 from .kl import kl_k1
-from .algorithms import (ALGORITHMS, AlgorithmSpec, aggregate_loss, check_clip_config, create_algorithm_config,
-                             grpo_loss, masked_means, token_kl)
+from .algorithms import (AlgorithmSpec, aggregate_loss, check_clip_config, create_algorithm_config, grpo_loss,
+                             masked_means, register_algorithm, token_kl)
 
 # %% auto #0
 __all__ = ['PPO_DEFAULTS', 'create_value_head', 'add_value_head', 'compute_token_rewards', 'compute_gae',
@@ -240,9 +240,9 @@ PPO_DEFAULTS = MappingProxyType(dict(
     beta=0.0, kl_penalty="reward", kl_fn=None,  # KL: per-token reward penalty when beta > 0 (classic RLHF)
     aggregation="token_mean", max_completion_length=None, log_ratio_clip=None, dual_clip=None))
 
-ALGORITHMS["ppo"] = AlgorithmSpec(compute_ppo_advantages, compute_ppo_loss, PPO_DEFAULTS, group_relative=False,
-                                  value_head=True, prepare_state=add_value_head, needs_old_logprobs=True,
-                                  check_config=check_clip_config)
+register_algorithm("ppo", AlgorithmSpec(compute_ppo_advantages, compute_ppo_loss, PPO_DEFAULTS, group_relative=False,
+                                        value_head=True, prepare_state=add_value_head, needs_old_logprobs=True,
+                                        check_config=check_clip_config))
 
 
 def create_ppo_config(**kwargs) -> dict:
