@@ -9,7 +9,8 @@ shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache`
 estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
 (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO,
 REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch`
-(the sampler/trainer mismatch: TIS, MIS, IcePop), `rlnb.off_policy_masks` (OPSM, K3 rejection sampling, trust-region
+(the sampler/trainer mismatch measured, a bf16 sampler), `rlnb.rollout_corrections` (correcting it: TIS, MIS,
+IcePop, Geo-RS), `rlnb.off_policy_masks` (OPSM, K3 rejection sampling, trust-region
 masking, the importance-weighted KL), `rlnb.policy_losses` (CISPO, SAPO, GMPO, DPPO, Clip-Cov, KL-Cov),
 `rlnb.sequence_ratios` (GSPO-token, LUSPO, VESPO), `rlnb.trust_regions` (INTELLECT-2's two-sided clip, DRO, TOPR,
 M2PO), `rlnb.entropy` (entropy bonus, high-entropy mask, adaptive weight), `rlnb.baselines` (MaxRL, GDPO, ReMax,
@@ -61,7 +62,8 @@ from .algorithms import *
 from .catalogue import *  # registers rloo, reinforce, dapo, gspo, reinforce++ in ALGORITHMS
 from .dpo import *  # registers dpo
 from .ppo import *  # registers ppo
-from .mismatch import *  # the sampler/trainer mismatch: metrics, TIS/MIS/IcePop corrections, the bf16 sampler
+from .mismatch import *  # the sampler/trainer mismatch measured: metrics, the bf16 sampler
+from .rollout_corrections import *  # correcting it: TIS/MIS/IcePop/Geo-RS weights and masks, into every loss
 from .off_policy_masks import *  # registers opsm, k3_rs, trm in ROLLOUT_CORRECTIONS and k3_is in KL_ESTIMATORS
 from .policy_losses import *  # registers cispo, sapo, gmpo, dppo, clip_cov, kl_cov
 from .sequence_ratios import *  # registers gspo_token, luspo, vespo

@@ -394,7 +394,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {  # defaults are read-only views: config
 # %% ../nbs/30_algorithms.ipynb #a73d9cf2
 # the chapters that register the rest of the catalogue: imported when a name is first looked up, so that every
 # built-in name is known however rlnb was imported (a user's algorithm needs no module: register_algorithm);
-# rlnb.off_policy_masks registers rollout corrections (rlnb.mismatch.find_rollout_correction) and a KL estimator
+# rlnb.off_policy_masks registers rollout corrections (rlnb.rollout_corrections.find_rollout_correction)
+# and a KL estimator
 BUILTIN_ALGORITHM_MODULES = ("rlnb.catalogue", "rlnb.dpo", "rlnb.ppo", "rlnb.policy_losses", "rlnb.baselines",
                              "rlnb.passk", "rlnb.distillation", "rlnb.sequence_ratios", "rlnb.trust_regions",
                              "rlnb.off_policy_masks")

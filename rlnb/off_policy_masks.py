@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .kl import KL_ESTIMATORS, kl_k3
-from .mismatch import ROLLOUT_CORRECTION_KNOBS, ROLLOUT_CORRECTIONS, sequence_log_ratio
+from .rollout_corrections import ROLLOUT_CORRECTION_KNOBS, ROLLOUT_CORRECTIONS, sequence_log_ratio
 
 # %% auto #0
 __all__ = ['kl_k3_is', 'opsm_correction', 'k3_rs_correction', 'trm_correction', 'importance_weighted_kl']

@@ -17,8 +17,8 @@ from .core import (Batch, CollatedBatch, TrainingConfig, TrainingState, Training
 from .logprobs import compute_logprobs_for_tokens, precision_context
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, teacher_metrics
 from .algorithms import compute_batch_advantages, compute_loss_by_algorithm, find_algorithm, step_extensions
-from .mismatch import (apply_rollout_correction, find_rollout_correction, no_correction, rollout_correction,
-                           tis_seq_correction, tis_token_correction)
+from .rollout_corrections import (apply_rollout_correction, find_rollout_correction, no_correction,
+                                      rollout_correction, tis_seq_correction, tis_token_correction)
 from .loggers import reward_metrics
 
 # %% auto #0

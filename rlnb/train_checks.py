@@ -13,7 +13,7 @@ import torch
 
 from .core import Generation, TrainingConfig, TrainingState, warn_unsaved_checkpoints
 from .generation import check_generations
-from .mismatch import ROLLOUT_CORRECTIONS, check_rollout_correction, find_rollout_correction
+from .rollout_corrections import ROLLOUT_CORRECTIONS, check_rollout_correction, find_rollout_correction
 
 # %% auto #0
 __all__ = ['HOOK_SIGNATURES', 'checked_template_fn', 'checked_generator', 'warn_unused_hooks', 'check_train_arguments']

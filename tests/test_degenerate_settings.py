@@ -90,7 +90,7 @@ def test_a_correction_that_drops_or_scales_on_policy_tokens_is_refused_up_front(
 
 
 def test_corrections_that_keep_an_on_policy_token_are_accepted():
-    from rlnb.mismatch import check_rollout_correction
+    from rlnb.rollout_corrections import check_rollout_correction
     for mode in ("none", "tis_token", "tis_seq", "mis_token", "mis_seq"): check_rollout_correction(mode, cap=1.0)
     for mode in ("icepop", "geo_rs"): check_rollout_correction(mode, cap=0.1, low=1.0, high=1.5)  # cap unused
 

@@ -12,8 +12,8 @@ from rlnb.core import GenerationConfig, Rollout, collate, set_seed
 from rlnb.generation import batch_generate
 from rlnb.rollouts import create_batch_rollouts
 from rlnb.logprobs import compute_logprobs_for_tokens
-from rlnb.mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction,
-                           create_hf_generator, mismatch_metrics, rollout_correction, sampler_copy)
+from rlnb.mismatch import create_hf_generator, mismatch_metrics, sampler_copy
+from rlnb.rollout_corrections import ROLLOUT_CORRECTIONS, apply_rollout_correction, rollout_correction
 from rlnb.models import apply_lora
 from rlnb.tiny import load_tiny_model
 

@@ -13,8 +13,9 @@ from rlnb.algorithms import (aggregate_loss, compute_batch_advantages, compute_l
                              create_algorithm_config, grpo_loss, token_kl)
 from rlnb.core import GenerationConfig, Rollout, collate, create_training_config, set_seed
 from rlnb.kl import KL_ESTIMATORS, kl_k2, kl_k3
-from rlnb.mismatch import (ROLLOUT_CORRECTIONS, apply_rollout_correction, check_rollout_correction,
-                           create_hf_generator, find_rollout_correction, rollout_correction)
+from rlnb.mismatch import create_hf_generator
+from rlnb.rollout_corrections import (ROLLOUT_CORRECTIONS, apply_rollout_correction, check_rollout_correction,
+                                      find_rollout_correction, rollout_correction)
 from rlnb.off_policy_masks import importance_weighted_kl, kl_k3_is
 from rlnb.policy_losses import cispo_loss
 from rlnb.training import train

@@ -47,8 +47,9 @@ PUBLIC = {
     "dpo": "compute_dpo_pairs compute_dpo_loss dpo_loss",
     "ppo": "create_value_head add_value_head compute_token_rewards compute_gae compute_ppo_advantages "
            "compute_value_loss compute_ppo_loss create_ppo_config PPO_DEFAULTS",
-    "mismatch": "mismatch_metrics rollout_correction ROLLOUT_CORRECTIONS apply_rollout_correction "
-                "sampler_copy create_hf_generator",
+    "mismatch": "mismatch_metrics sampler_copy create_hf_generator sample_and_score LOG_RATIO_BOUND",
+    "rollout_corrections": "rollout_correction ROLLOUT_CORRECTIONS apply_rollout_correction check_rollout_correction "
+                           "find_rollout_correction sequence_log_ratio",
     "baselines": "compute_maxrl_advantages compute_gdpo_advantages compute_remax_advantages "
                  "create_greedy_baseline_rollout_fn",
     "policy_losses": "cispo_loss sapo_loss sapo_gate gmpo_loss dppo_loss dppo_moved DPPO_DIVERGENCES token_covariance "

@@ -176,7 +176,7 @@ def test_micro_batches_give_the_full_batch_gradient(setting, options):
 
 
 def test_sampler_trainer_corrections_apply_token_by_token():
-    "Its loss is grpo_loss: the rollout corrections of rlnb.mismatch weight each token, as for grpo."
+    "Its loss is grpo_loss: the rollout corrections of rlnb.rollout_corrections weight each token, as for grpo."
     assert ALGORITHMS["grpo_passk"].correction_level == ALGORITHMS["grpo"].correction_level == "token"
     state = train(create_training_config(**SMALL, algorithm="grpo_passk", algorithm_options={"k": 2},
                                          generator="hf_bf16", rollout_correction="tis_token"), progress=False)

@@ -11,7 +11,7 @@ import rlnb.training as training
 from rlnb.algorithms import ALGORITHMS, compute_loss_by_algorithm, create_algorithm_config
 from rlnb.catalogue import gspo_loss
 from rlnb.core import Rollout, TrainingConfig, collate, create_training_config
-from rlnb.mismatch import apply_rollout_correction
+from rlnb.rollout_corrections import apply_rollout_correction
 from rlnb.sequence_ratios import (gspo_token_loss, luspo_loss, rows_as_units, sequence_sum, vespo_loss,
                                   vespo_weight)
 from rlnb.training import train
