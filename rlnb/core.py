@@ -15,11 +15,10 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['TRAINING_CONFIG_SECTIONS', 'CONFIG_MAXIMA', 'CONTROL_CHARACTERS', 'ModelConfig', 'GenerationConfig', 'Message',
-           'Conversation', 'Generation', 'Rollout', 'Batch', 'TrainingConfig', 'TrainingStats', 'TrainingState',
-           'import_plugins', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads', 'CollatedBatch',
-           'collate', 'check_seed', 'set_seed', 'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl',
-           'rollouts_from_jsonl', 'check_tool_calls', 'model_device', 'pad_token_id', 'is_peft_model', 'GroupStats',
-           'group_stats']
+           'Conversation', 'Generation', 'Rollout', 'Batch', 'CollatedBatch', 'collate', 'model_device', 'pad_token_id',
+           'is_peft_model', 'GroupStats', 'group_stats', 'check_seed', 'set_seed', 'TrainingConfig', 'TrainingStats',
+           'TrainingState', 'import_plugins', 'create_training_config', 'warn_unsaved_checkpoints', 'env_num_threads',
+           'to_jsonable', 'from_jsonable', 'rollouts_to_jsonl', 'rollouts_from_jsonl', 'check_tool_calls']
 
 # %% ../nbs/10_core.ipynb #2e09d148
 class ModelConfig(NamedTuple):
@@ -122,6 +121,273 @@ class Batch(_BatchFields):
     def filter(self, predicate: Callable[[Rollout], bool]) -> Batch:
         "A new batch of the rollouts for which `predicate(rollout)` is true."
         return self._replace(rollouts=[r for r in self.rollouts if predicate(r)])
+
+# %% ../nbs/10_core.ipynb #e70dd81a
+class CollatedBatch(NamedTuple):
+    "Padded training tensors for B rollouts: prompt left-padded to P, completion right-padded to C."
+    input_ids: Tensor  # (B, P+C) long
+    attention_mask: Tensor  # (B, P+C) long, 1 on real tokens
+    completion_ids: Tensor  # (B, C) long, = input_ids[:, P:]
+    completion_mask: Tensor  # (B, C) float, 1 on real completion tokens
+    loss_mask: Tensor  # (B, C) float, 1 on tokens the policy generated (through the first EOS)
+    rewards: Tensor  # (B,) float, or (B, K) for K-component vector rewards
+    group_ids: Tensor  # (B,) long, -1 where a rollout has no group
+    old_logprobs: Tensor | None  # (B, C) float or None: the old policy's log-probs, as the trainer computes them
+    ref_logprobs: Tensor | None  # (B, C) float or None: reference log-probs
+    prompt_length: int  # P: the column where completions start
+    advantages: Tensor | None = None  # (B,) or (B, C): set once per batch by training_step, before any micro-batch
+    old_values: Tensor | None = None  # (B, C) value head at sampling time (no grad): PPO's V(s_t), set once per batch
+    returns: Tensor | None = None  # (B, C) value-head regression targets (GAE: advantages + old_values), set with them
+    values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
+    rollout_logprobs: Tensor | None = None  # (B, C) the sampler's log-probs (Generation.logprobs), if it gave them
+    baseline_rewards: Tensor | None = None  # (B,) a baseline reward per rollout (ReMax: its prompt's greedy sample's)
+    teacher_logprobs: Tensor | None = None  # (B, C) the teacher's log-probs of the sampled tokens, once per batch
+    # (B, C) sum over the vocabulary of pi(v)^2 at each completion position, under the policy that scores the batch
+    # (the optimal token baseline's `prepare_batch` sets it once per batch)
+    sum_pi_squared: Tensor | None = None
+
+# %% ../nbs/10_core.ipynb #c0f06b84
+def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
+    "What `collate` refuses, with the rollout and the field at fault named."
+    if len(rollouts) == 0: raise ValueError("collate: `rollouts` is empty; expected at least one Rollout")
+    if pad_token_id is None: raise ValueError("collate: `pad_token_id` is None; pass the tokenizer's pad (or EOS) id")
+    for i, r in enumerate(rollouts):
+        if not isinstance(r, Rollout):
+            raise TypeError(f"collate: rollouts[{i}] is a {type(r).__name__}, expected a Rollout")
+        if len(r.prompt_token_ids) == 0:
+            raise ValueError(f"collate: rollouts[{i}].prompt_token_ids is empty; at least one prompt token "
+                             "(e.g. BOS) is needed to predict the first completion token")
+        for field in ("loss_mask", "logprobs", "ref_logprobs"):  # one entry per completion token
+            v = getattr(r, field)
+            if v is not None and len(v) != len(r.token_ids):
+                raise ValueError(f"collate: rollouts[{i}].{field} has {len(v)} entries "
+                                 f"but token_ids has {len(r.token_ids)}")
+
+
+def _id_tensor(ids, where: str) -> Tensor:
+    "Token ids as a long tensor; a value that is no token id (negative, past int64, a float) named with `where`."
+    try: raw = torch.as_tensor(list(ids))  # its dtype says what the values are: 2.5 must not become token 2
+    except (OverflowError, RuntimeError, TypeError, ValueError) as e:  # 2**70: "Python int too large to convert"
+        raise ValueError(f"collate: {where} holds a value that is not a token id ({type(e).__name__}: "
+                         f"{str(e)[:100]}); token ids are ints from 0 to the vocabulary's size - 1") from None
+    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
+        raise ValueError(f"collate: {where} holds {str(raw.dtype).removeprefix('torch.')} values, not token ids; "
+                         "token ids are ints from 0 to the vocabulary's size - 1")
+    out = raw.to(torch.long)
+    if out.numel() and int(out.min()) < 0:
+        j = int((out < 0).nonzero()[0])
+        raise ValueError(f"collate: {where}[{j}] is {int(out[j])}; token ids are ints from 0 to the vocabulary's "
+                         "size - 1")
+    return out
+
+
+def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
+    "Rewards as (B,) or (B, K), checking every rollout agrees on the shape."
+    vals = [r.rewards.tolist() if isinstance(r.rewards, Tensor) else r.rewards for r in rollouts]
+    vec = [isinstance(v, (list, tuple)) for v in vals]
+    if any(vec) and not all(vec): raise ValueError("collate: mixes scalar and vector `rewards` across rollouts")
+    try: out = torch.tensor(vals, dtype=torch.float32)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"collate: `rewards` must be numbers or equal-length vectors ({e})") from None
+    bad = ~torch.isfinite(out.reshape(len(vals), -1)).all(1)  # (B,)
+    if bad.any():
+        raise ValueError(f"collate: rollouts[{int(bad.nonzero()[0])}].rewards must be finite, "
+                         f"got {vals[int(bad.nonzero()[0])]!r}")
+    return out
+
+# %% ../nbs/10_core.ipynb #c0f06b02
+def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:
+    "Stack 1-d tensors into (N, L), padding on the right (or left) with `value`."
+    L = max([min_len] + [len(s) for s in seqs])
+    out = torch.full((len(seqs), L), value, dtype=seqs[0].dtype)
+    for i, s in enumerate(seqs):  # a copy per row; the work is in C
+        if left: out[i, L - len(s):] = s
+        else: out[i, :len(s)] = s
+    return out
+
+
+def _loss_mask(
+    rollouts: Sequence[Rollout],
+    completion_ids: Tensor,  # (B, C) long
+    completion_mask: Tensor,  # (B, C) float, 1 on real completion tokens
+    eos_token_id: int | None,
+) -> Tensor:
+    "(B, C) float: 1 where the policy chose the token; without a rollout's own mask, not after its first EOS."
+    B, C = completion_ids.shape
+    own = [torch.ones(len(r.token_ids)) if r.loss_mask is None
+           else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
+    loss_mask = _pad(own, 0.0, min_len=C) * completion_mask  # (B, C)
+    if eos_token_id is None: return loss_mask
+    is_eos = (completion_ids == eos_token_id) & completion_mask.bool()  # (B, C)
+    first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))  # (B,) first EOS, or C
+    explicit = torch.tensor([r.loss_mask is not None for r in rollouts])  # (B,) a multi-turn stream has EOS mid-way
+    return loss_mask * ((torch.arange(C)[None, :] <= first[:, None]) | explicit[:, None]).float()
+
+# %% ../nbs/10_core.ipynb #c0f06b04
+def _sampler_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | None:
+    "(B, C) each completion's `generation.logprobs`, 0 on padding; None unless every rollout has one per token."
+    lps = [getattr(r.generation, "logprobs", None) for r in rollouts]
+    if any(lp is None or len(lp) != len(r.token_ids) for lp, r in zip(lps, rollouts)): return None
+    return _pad([torch.as_tensor(list(lp), dtype=torch.float32) for lp in lps], 0.0, min_len=C).to(device)
+
+
+def _baseline_rewards(rollouts: Sequence[Rollout], device) -> Tensor | None:
+    "(B,) each rollout's `metadata['baseline_reward']`; None when no rollout has one, an error when only some do."
+    vals = [(r.metadata or {}).get("baseline_reward") for r in rollouts]
+    if all(v is None for v in vals): return None
+    missing = [i for i, v in enumerate(vals) if v is None]
+    if missing:
+        raise ValueError(f"collate: rollouts {missing[:5]} have no metadata['baseline_reward'] while others have one")
+    try: out = torch.tensor([float(v) for v in vals], dtype=torch.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"collate: metadata['baseline_reward'] must be numbers ({e})") from None
+    if not torch.isfinite(out).all(): raise ValueError("collate: metadata['baseline_reward'] must be finite numbers")
+    return out.to(device)
+
+
+def _teacher_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | None:
+    "(B, C) each rollout's `metadata['teacher_logprobs']` (one per completion token, 0 on padding), or None."
+    vals = [(r.metadata or {}).get("teacher_logprobs") for r in rollouts]
+    if all(v is None for v in vals): return None
+    bad = [i for i, (v, r) in enumerate(zip(vals, rollouts)) if v is None or len(v) != len(r.token_ids)]
+    if bad:
+        raise ValueError(f"collate: rollouts {bad[:5]} have no metadata['teacher_logprobs'] with one entry per "
+                         "completion token while others have them")
+    return _pad([torch.as_tensor(list(v), dtype=torch.float32) for v in vals], 0.0, min_len=C).to(device)
+
+
+def collate(
+    rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
+    pad_token_id: int,  # id written into padding positions (may equal the EOS id)
+    eos_token_id: int | None = None,  # if set, loss_mask is 0 past the first EOS (rollouts without their own loss_mask)
+    device: Any = None,  # where to put the tensors
+) -> CollatedBatch:
+    "Pad rollouts into training tensors: prompts left-padded to P, completions right-padded to C."
+    if isinstance(rollouts, Batch): rollouts = rollouts.rollouts
+    _check_rollouts(rollouts, pad_token_id)
+    prompt = _pad([_id_tensor(r.prompt_token_ids, f"rollouts[{i}].prompt_token_ids") for i, r in enumerate(rollouts)],
+                  pad_token_id, left=True)  # (B, P)
+    comp = [_id_tensor(r.token_ids, f"rollouts[{i}].token_ids") for i, r in enumerate(rollouts)]
+    completion_ids = _pad(comp, pad_token_id, min_len=1)  # (B, C)
+    B, C = completion_ids.shape
+    lengths = torch.tensor([len(c) for c in comp])  # (B,)
+    completion_mask = (torch.arange(C)[None, :] < lengths[:, None]).float()  # (B, C)
+    prompt_lengths = torch.tensor([len(r.prompt_token_ids) for r in rollouts])  # (B,)
+    prompt_mask = (torch.arange(prompt.shape[1])[None, :] >= prompt.shape[1] - prompt_lengths[:, None]).long()  # (B, P)
+    loss_mask = _loss_mask(rollouts, completion_ids, completion_mask, eos_token_id)  # (B, C)
+
+    def per_token(field):
+        vals = [getattr(r, field) for r in rollouts]
+        if all(v is None for v in vals): return None
+        if any(v is None for v in vals): raise ValueError(f"collate: some rollouts have `{field}` and some do not")
+        return _pad([torch.as_tensor(list(v), dtype=torch.float32) for v in vals], 0.0, min_len=C).to(device)
+
+    groups = torch.tensor([-1 if r.group_index is None else r.group_index for r in rollouts], dtype=torch.long)
+    return CollatedBatch(
+        input_ids=torch.cat([prompt, completion_ids], 1).to(device),
+        attention_mask=torch.cat([prompt_mask, completion_mask.long()], 1).to(device),
+        completion_ids=completion_ids.to(device), completion_mask=completion_mask.to(device),
+        loss_mask=loss_mask.to(device), rewards=_reward_tensor(rollouts).to(device), group_ids=groups.to(device),
+        old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1],
+        rollout_logprobs=_sampler_logprobs(rollouts, C, device), baseline_rewards=_baseline_rewards(rollouts, device),
+        teacher_logprobs=_teacher_logprobs(rollouts, C, device))  # a teacher's, given with the rollouts
+
+# %% ../nbs/10_core.ipynb #9861db0d
+def model_device(
+    model,  # a torch module
+) -> torch.device:
+    "The device of `model`'s first parameter (where its inputs go); the CPU for a model without parameters."
+    try: return next(model.parameters()).device
+    except (StopIteration, AttributeError): return torch.device("cpu")
+
+# %% ../nbs/10_core.ipynb #e787196f
+def pad_token_id(
+    tokenizer,  # a transformers tokenizer
+    fn: str = "pad_token_id",  # the caller's name, for the error message
+) -> int:
+    "The tokenizer's pad id, else its EOS id (padding never reaches a loss), else an error saying how to fix it."
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError(f"{fn}: `tokenizer` has neither a pad token nor an EOS token; "
+                         "set `tokenizer.pad_token` (see rlnb.models.prepare_tokenizer)")
+    return pad
+
+# %% ../nbs/10_core.ipynb #4ac7b029
+def is_peft_model(
+    model,  # any model
+) -> bool:
+    "True for a peft model (LoRA adapters): its reference is itself with the adapters off, its checkpoint the adapters."
+    try: from peft import PeftModel
+    except ImportError: return False
+    return isinstance(model, PeftModel)
+
+# %% ../nbs/10_core.ipynb #ba705988
+class GroupStats(NamedTuple):
+    "Statistics of the values in each of G groups, and which group each of the B values belongs to."
+    index: Tensor  # (B,) long, the group of each value, 0..G-1 in the order of the sorted labels
+    count: Tensor  # (G,) values per group
+    mean: Tensor  # (G,) exactly the common value for a group whose values are all equal
+    std: Tensor  # (G,) population std (divide by n) or sample std (n - 1, 0 for a group of one)
+    min: Tensor  # (G,)
+    max: Tensor  # (G,)
+
+# %% ../nbs/10_core.ipynb #1f869971
+def group_stats(
+    values: Tensor,  # (B,) float values, e.g. one reward per rollout
+    group_ids: Tensor | None = None,  # (B,) integer labels in any order; None = one group
+    unbiased: bool = False,  # std with Bessel's correction (n - 1), as torch.std and GRPO use; False = divide by n
+) -> GroupStats:
+    "Count, mean, std, min and max of `values` within each group, vectorised (no Python loop over groups)."
+    B = values.shape[0]
+    if values.ndim != 1: raise ValueError(f"group_stats: `values` has shape {tuple(values.shape)}, expected (B,)")
+    if group_ids is None: index = torch.zeros(B, dtype=torch.long, device=values.device)
+    else:
+        g = torch.as_tensor(group_ids, device=values.device)
+        if g.shape != (B,):
+            raise ValueError(f"group_stats: `group_ids` has shape {tuple(g.shape)}, expected ({B},) like `values`")
+        if g.is_floating_point(): raise TypeError(f"group_stats: `group_ids` must be integers, got dtype {g.dtype}")
+        index = torch.unique(g, return_inverse=True)[1]  # (B,) in 0..G-1
+    G = int(index.max()) + 1 if B else 0
+    zeros = values.new_zeros(G)
+    count = zeros.index_add(0, index, torch.ones_like(values))  # (G,)
+    lo = values.new_full((G,), math.inf).scatter_reduce(0, index, values, "amin")
+    hi = values.new_full((G,), -math.inf).scatter_reduce(0, index, values, "amax")
+    big = torch.maximum(lo.abs(), hi.abs())  # (G,) sums and squares are taken of values / a power of 2 above this:
+    scale = torch.ldexp(torch.ones_like(big), torch.frexp(big).exponent)  # exact division, and no overflow
+    scale = torch.where(big > 0, scale, 1.0)  # (G,)
+    scaled = values / scale[index]  # (B,) in [-1, 1]
+    mean = zeros.index_add(0, index, scaled) / count * scale  # (G,)
+    mean = torch.where(lo == hi, lo, mean)  # exact for constant groups
+    dof = (count - 1).clamp(min=1) if unbiased else count
+    std = (zeros.index_add(0, index, (scaled - mean[index] / scale[index]) ** 2) / dof).sqrt() * scale  # (G,)
+    if unbiased: std = torch.where(count > 1, std, zeros)
+    return GroupStats(index, count, mean, std, lo, hi)
+
+# %% ../nbs/10_core.ipynb #f6678500
+def check_seed(
+    seed,  # the seed to check: an int in [-2**63, 2**64 - 1]
+    fn: str,  # the caller's name, for the error message
+) -> int:  # `seed` itself
+    "`seed` if it is an int in torch's range (what torch.manual_seed and a Generator accept), else an error."
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"{fn}: `seed` must be an int, got {seed!r}")
+    if not -(2**63) <= seed <= 2**64 - 1:
+        raise ValueError(f"{fn}: `seed` must be in [-2**63, 2**64 - 1] (torch's range), got {seed!r}")
+    return seed
+
+
+def set_seed(
+    seed: int,  # any int in [-2**63, 2**64 - 1] (numpy gets it modulo 2**32)
+) -> int:
+    "Seed python's `random`, numpy (if installed) and torch (CPU and every GPU). Returns `seed`."
+    check_seed(seed, "set_seed")
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed % 2**32)
+    except ImportError: pass
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return seed
 
 # %% ../nbs/10_core.ipynb #a9349ad1
 class TrainingConfig(NamedTuple):
@@ -438,202 +704,6 @@ def env_num_threads(
                          f"(num_threads' range), got {env!r}")
     return n
 
-# %% ../nbs/10_core.ipynb #e70dd81a
-class CollatedBatch(NamedTuple):
-    "Padded training tensors for B rollouts: prompt left-padded to P, completion right-padded to C."
-    input_ids: Tensor  # (B, P+C) long
-    attention_mask: Tensor  # (B, P+C) long, 1 on real tokens
-    completion_ids: Tensor  # (B, C) long, = input_ids[:, P:]
-    completion_mask: Tensor  # (B, C) float, 1 on real completion tokens
-    loss_mask: Tensor  # (B, C) float, 1 on tokens the policy generated (through the first EOS)
-    rewards: Tensor  # (B,) float, or (B, K) for K-component vector rewards
-    group_ids: Tensor  # (B,) long, -1 where a rollout has no group
-    old_logprobs: Tensor | None  # (B, C) float or None: the old policy's log-probs, as the trainer computes them
-    ref_logprobs: Tensor | None  # (B, C) float or None: reference log-probs
-    prompt_length: int  # P: the column where completions start
-    advantages: Tensor | None = None  # (B,) or (B, C): set once per batch by training_step, before any micro-batch
-    old_values: Tensor | None = None  # (B, C) value head at sampling time (no grad): PPO's V(s_t), set once per batch
-    returns: Tensor | None = None  # (B, C) value-head regression targets (GAE: advantages + old_values), set with them
-    values: Tensor | None = None  # (B, C) value-head outputs of this forward pass, with grad (set per micro-batch)
-    rollout_logprobs: Tensor | None = None  # (B, C) the sampler's log-probs (Generation.logprobs), if it gave them
-    baseline_rewards: Tensor | None = None  # (B,) a baseline reward per rollout (ReMax: its prompt's greedy sample's)
-    teacher_logprobs: Tensor | None = None  # (B, C) the teacher's log-probs of the sampled tokens, once per batch
-    # (B, C) sum over the vocabulary of pi(v)^2 at each completion position, under the policy that scores the batch
-    # (the optimal token baseline's `prepare_batch` sets it once per batch)
-    sum_pi_squared: Tensor | None = None
-
-# %% ../nbs/10_core.ipynb #c0f06b84
-def _check_rollouts(rollouts: Sequence[Rollout], pad_token_id) -> None:
-    "What `collate` refuses, with the rollout and the field at fault named."
-    if len(rollouts) == 0: raise ValueError("collate: `rollouts` is empty; expected at least one Rollout")
-    if pad_token_id is None: raise ValueError("collate: `pad_token_id` is None; pass the tokenizer's pad (or EOS) id")
-    for i, r in enumerate(rollouts):
-        if not isinstance(r, Rollout):
-            raise TypeError(f"collate: rollouts[{i}] is a {type(r).__name__}, expected a Rollout")
-        if len(r.prompt_token_ids) == 0:
-            raise ValueError(f"collate: rollouts[{i}].prompt_token_ids is empty; at least one prompt token "
-                             "(e.g. BOS) is needed to predict the first completion token")
-        for field in ("loss_mask", "logprobs", "ref_logprobs"):  # one entry per completion token
-            v = getattr(r, field)
-            if v is not None and len(v) != len(r.token_ids):
-                raise ValueError(f"collate: rollouts[{i}].{field} has {len(v)} entries "
-                                 f"but token_ids has {len(r.token_ids)}")
-
-
-def _id_tensor(ids, where: str) -> Tensor:
-    "Token ids as a long tensor; a value that is no token id (negative, past int64, a float) named with `where`."
-    try: raw = torch.as_tensor(list(ids))  # its dtype says what the values are: 2.5 must not become token 2
-    except (OverflowError, RuntimeError, TypeError, ValueError) as e:  # 2**70: "Python int too large to convert"
-        raise ValueError(f"collate: {where} holds a value that is not a token id ({type(e).__name__}: "
-                         f"{str(e)[:100]}); token ids are ints from 0 to the vocabulary's size - 1") from None
-    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
-        raise ValueError(f"collate: {where} holds {str(raw.dtype).removeprefix('torch.')} values, not token ids; "
-                         "token ids are ints from 0 to the vocabulary's size - 1")
-    out = raw.to(torch.long)
-    if out.numel() and int(out.min()) < 0:
-        j = int((out < 0).nonzero()[0])
-        raise ValueError(f"collate: {where}[{j}] is {int(out[j])}; token ids are ints from 0 to the vocabulary's "
-                         "size - 1")
-    return out
-
-
-def _reward_tensor(rollouts: Sequence[Rollout]) -> Tensor:
-    "Rewards as (B,) or (B, K), checking every rollout agrees on the shape."
-    vals = [r.rewards.tolist() if isinstance(r.rewards, Tensor) else r.rewards for r in rollouts]
-    vec = [isinstance(v, (list, tuple)) for v in vals]
-    if any(vec) and not all(vec): raise ValueError("collate: mixes scalar and vector `rewards` across rollouts")
-    try: out = torch.tensor(vals, dtype=torch.float32)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"collate: `rewards` must be numbers or equal-length vectors ({e})") from None
-    bad = ~torch.isfinite(out.reshape(len(vals), -1)).all(1)  # (B,)
-    if bad.any():
-        raise ValueError(f"collate: rollouts[{int(bad.nonzero()[0])}].rewards must be finite, "
-                         f"got {vals[int(bad.nonzero()[0])]!r}")
-    return out
-
-# %% ../nbs/10_core.ipynb #c0f06b02
-def _pad(seqs: list[Tensor], value, left: bool = False, min_len: int = 0) -> Tensor:
-    "Stack 1-d tensors into (N, L), padding on the right (or left) with `value`."
-    L = max([min_len] + [len(s) for s in seqs])
-    out = torch.full((len(seqs), L), value, dtype=seqs[0].dtype)
-    for i, s in enumerate(seqs):  # a copy per row; the work is in C
-        if left: out[i, L - len(s):] = s
-        else: out[i, :len(s)] = s
-    return out
-
-
-def _loss_mask(
-    rollouts: Sequence[Rollout],
-    completion_ids: Tensor,  # (B, C) long
-    completion_mask: Tensor,  # (B, C) float, 1 on real completion tokens
-    eos_token_id: int | None,
-) -> Tensor:
-    "(B, C) float: 1 where the policy chose the token; without a rollout's own mask, not after its first EOS."
-    B, C = completion_ids.shape
-    own = [torch.ones(len(r.token_ids)) if r.loss_mask is None
-           else torch.as_tensor(list(r.loss_mask), dtype=torch.float32) for r in rollouts]
-    loss_mask = _pad(own, 0.0, min_len=C) * completion_mask  # (B, C)
-    if eos_token_id is None: return loss_mask
-    is_eos = (completion_ids == eos_token_id) & completion_mask.bool()  # (B, C)
-    first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((B,), C))  # (B,) first EOS, or C
-    explicit = torch.tensor([r.loss_mask is not None for r in rollouts])  # (B,) a multi-turn stream has EOS mid-way
-    return loss_mask * ((torch.arange(C)[None, :] <= first[:, None]) | explicit[:, None]).float()
-
-# %% ../nbs/10_core.ipynb #c0f06b04
-def _sampler_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | None:
-    "(B, C) each completion's `generation.logprobs`, 0 on padding; None unless every rollout has one per token."
-    lps = [getattr(r.generation, "logprobs", None) for r in rollouts]
-    if any(lp is None or len(lp) != len(r.token_ids) for lp, r in zip(lps, rollouts)): return None
-    return _pad([torch.as_tensor(list(lp), dtype=torch.float32) for lp in lps], 0.0, min_len=C).to(device)
-
-
-def _baseline_rewards(rollouts: Sequence[Rollout], device) -> Tensor | None:
-    "(B,) each rollout's `metadata['baseline_reward']`; None when no rollout has one, an error when only some do."
-    vals = [(r.metadata or {}).get("baseline_reward") for r in rollouts]
-    if all(v is None for v in vals): return None
-    missing = [i for i, v in enumerate(vals) if v is None]
-    if missing:
-        raise ValueError(f"collate: rollouts {missing[:5]} have no metadata['baseline_reward'] while others have one")
-    try: out = torch.tensor([float(v) for v in vals], dtype=torch.float32)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"collate: metadata['baseline_reward'] must be numbers ({e})") from None
-    if not torch.isfinite(out).all(): raise ValueError("collate: metadata['baseline_reward'] must be finite numbers")
-    return out.to(device)
-
-
-def _teacher_logprobs(rollouts: Sequence[Rollout], C: int, device) -> Tensor | None:
-    "(B, C) each rollout's `metadata['teacher_logprobs']` (one per completion token, 0 on padding), or None."
-    vals = [(r.metadata or {}).get("teacher_logprobs") for r in rollouts]
-    if all(v is None for v in vals): return None
-    bad = [i for i, (v, r) in enumerate(zip(vals, rollouts)) if v is None or len(v) != len(r.token_ids)]
-    if bad:
-        raise ValueError(f"collate: rollouts {bad[:5]} have no metadata['teacher_logprobs'] with one entry per "
-                         "completion token while others have them")
-    return _pad([torch.as_tensor(list(v), dtype=torch.float32) for v in vals], 0.0, min_len=C).to(device)
-
-
-def collate(
-    rollouts: Sequence[Rollout],  # B rollouts with prompt_token_ids and token_ids
-    pad_token_id: int,  # id written into padding positions (may equal the EOS id)
-    eos_token_id: int | None = None,  # if set, loss_mask is 0 past the first EOS (rollouts without their own loss_mask)
-    device: Any = None,  # where to put the tensors
-) -> CollatedBatch:
-    "Pad rollouts into training tensors: prompts left-padded to P, completions right-padded to C."
-    if isinstance(rollouts, Batch): rollouts = rollouts.rollouts
-    _check_rollouts(rollouts, pad_token_id)
-    prompt = _pad([_id_tensor(r.prompt_token_ids, f"rollouts[{i}].prompt_token_ids") for i, r in enumerate(rollouts)],
-                  pad_token_id, left=True)  # (B, P)
-    comp = [_id_tensor(r.token_ids, f"rollouts[{i}].token_ids") for i, r in enumerate(rollouts)]
-    completion_ids = _pad(comp, pad_token_id, min_len=1)  # (B, C)
-    B, C = completion_ids.shape
-    lengths = torch.tensor([len(c) for c in comp])  # (B,)
-    completion_mask = (torch.arange(C)[None, :] < lengths[:, None]).float()  # (B, C)
-    prompt_lengths = torch.tensor([len(r.prompt_token_ids) for r in rollouts])  # (B,)
-    prompt_mask = (torch.arange(prompt.shape[1])[None, :] >= prompt.shape[1] - prompt_lengths[:, None]).long()  # (B, P)
-    loss_mask = _loss_mask(rollouts, completion_ids, completion_mask, eos_token_id)  # (B, C)
-
-    def per_token(field):
-        vals = [getattr(r, field) for r in rollouts]
-        if all(v is None for v in vals): return None
-        if any(v is None for v in vals): raise ValueError(f"collate: some rollouts have `{field}` and some do not")
-        return _pad([torch.as_tensor(list(v), dtype=torch.float32) for v in vals], 0.0, min_len=C).to(device)
-
-    groups = torch.tensor([-1 if r.group_index is None else r.group_index for r in rollouts], dtype=torch.long)
-    return CollatedBatch(
-        input_ids=torch.cat([prompt, completion_ids], 1).to(device),
-        attention_mask=torch.cat([prompt_mask, completion_mask.long()], 1).to(device),
-        completion_ids=completion_ids.to(device), completion_mask=completion_mask.to(device),
-        loss_mask=loss_mask.to(device), rewards=_reward_tensor(rollouts).to(device), group_ids=groups.to(device),
-        old_logprobs=per_token("logprobs"), ref_logprobs=per_token("ref_logprobs"), prompt_length=prompt.shape[1],
-        rollout_logprobs=_sampler_logprobs(rollouts, C, device), baseline_rewards=_baseline_rewards(rollouts, device),
-        teacher_logprobs=_teacher_logprobs(rollouts, C, device))  # a teacher's, given with the rollouts
-
-# %% ../nbs/10_core.ipynb #f6678500
-def check_seed(
-    seed,  # the seed to check: an int in [-2**63, 2**64 - 1]
-    fn: str,  # the caller's name, for the error message
-) -> int:  # `seed` itself
-    "`seed` if it is an int in torch's range (what torch.manual_seed and a Generator accept), else an error."
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"{fn}: `seed` must be an int, got {seed!r}")
-    if not -(2**63) <= seed <= 2**64 - 1:
-        raise ValueError(f"{fn}: `seed` must be in [-2**63, 2**64 - 1] (torch's range), got {seed!r}")
-    return seed
-
-
-def set_seed(
-    seed: int,  # any int in [-2**63, 2**64 - 1] (numpy gets it modulo 2**32)
-) -> int:
-    "Seed python's `random`, numpy (if installed) and torch (CPU and every GPU). Returns `seed`."
-    check_seed(seed, "set_seed")
-    random.seed(seed)
-    try:
-        import numpy as np
-        np.random.seed(seed % 2**32)
-    except ImportError: pass
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    return seed
-
 # %% ../nbs/10_core.ipynb #5a78903c
 _RECORDS = {c.__name__: c for c in (ModelConfig, GenerationConfig, Message, Conversation, Generation, Rollout,
                                     TrainingConfig, TrainingStats)}
@@ -781,74 +851,3 @@ def check_tool_calls(
             raise TypeError(f"{hook} returned call {k} with arguments {reprlib.repr(args)}; expected a dict of keyword "
                             "arguments or one str")
     return calls
-
-# %% ../nbs/10_core.ipynb #9861db0d
-def model_device(
-    model,  # a torch module
-) -> torch.device:
-    "The device of `model`'s first parameter (where its inputs go); the CPU for a model without parameters."
-    try: return next(model.parameters()).device
-    except (StopIteration, AttributeError): return torch.device("cpu")
-
-# %% ../nbs/10_core.ipynb #e787196f
-def pad_token_id(
-    tokenizer,  # a transformers tokenizer
-    fn: str = "pad_token_id",  # the caller's name, for the error message
-) -> int:
-    "The tokenizer's pad id, else its EOS id (padding never reaches a loss), else an error saying how to fix it."
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise ValueError(f"{fn}: `tokenizer` has neither a pad token nor an EOS token; "
-                         "set `tokenizer.pad_token` (see rlnb.models.prepare_tokenizer)")
-    return pad
-
-# %% ../nbs/10_core.ipynb #4ac7b029
-def is_peft_model(
-    model,  # any model
-) -> bool:
-    "True for a peft model (LoRA adapters): its reference is itself with the adapters off, its checkpoint the adapters."
-    try: from peft import PeftModel
-    except ImportError: return False
-    return isinstance(model, PeftModel)
-
-# %% ../nbs/10_core.ipynb #ba705988
-class GroupStats(NamedTuple):
-    "Statistics of the values in each of G groups, and which group each of the B values belongs to."
-    index: Tensor  # (B,) long, the group of each value, 0..G-1 in the order of the sorted labels
-    count: Tensor  # (G,) values per group
-    mean: Tensor  # (G,) exactly the common value for a group whose values are all equal
-    std: Tensor  # (G,) population std (divide by n) or sample std (n - 1, 0 for a group of one)
-    min: Tensor  # (G,)
-    max: Tensor  # (G,)
-
-# %% ../nbs/10_core.ipynb #1f869971
-def group_stats(
-    values: Tensor,  # (B,) float values, e.g. one reward per rollout
-    group_ids: Tensor | None = None,  # (B,) integer labels in any order; None = one group
-    unbiased: bool = False,  # std with Bessel's correction (n - 1), as torch.std and GRPO use; False = divide by n
-) -> GroupStats:
-    "Count, mean, std, min and max of `values` within each group, vectorised (no Python loop over groups)."
-    B = values.shape[0]
-    if values.ndim != 1: raise ValueError(f"group_stats: `values` has shape {tuple(values.shape)}, expected (B,)")
-    if group_ids is None: index = torch.zeros(B, dtype=torch.long, device=values.device)
-    else:
-        g = torch.as_tensor(group_ids, device=values.device)
-        if g.shape != (B,):
-            raise ValueError(f"group_stats: `group_ids` has shape {tuple(g.shape)}, expected ({B},) like `values`")
-        if g.is_floating_point(): raise TypeError(f"group_stats: `group_ids` must be integers, got dtype {g.dtype}")
-        index = torch.unique(g, return_inverse=True)[1]  # (B,) in 0..G-1
-    G = int(index.max()) + 1 if B else 0
-    zeros = values.new_zeros(G)
-    count = zeros.index_add(0, index, torch.ones_like(values))  # (G,)
-    lo = values.new_full((G,), math.inf).scatter_reduce(0, index, values, "amin")
-    hi = values.new_full((G,), -math.inf).scatter_reduce(0, index, values, "amax")
-    big = torch.maximum(lo.abs(), hi.abs())  # (G,) sums and squares are taken of values / a power of 2 above this:
-    scale = torch.ldexp(torch.ones_like(big), torch.frexp(big).exponent)  # exact division, and no overflow
-    scale = torch.where(big > 0, scale, 1.0)  # (G,)
-    scaled = values / scale[index]  # (B,) in [-1, 1]
-    mean = zeros.index_add(0, index, scaled) / count * scale  # (G,)
-    mean = torch.where(lo == hi, lo, mean)  # exact for constant groups
-    dof = (count - 1).clamp(min=1) if unbiased else count
-    std = (zeros.index_add(0, index, (scaled - mean[index] / scale[index]) ** 2) / dof).sqrt() * scale  # (G,)
-    if unbiased: std = torch.where(count > 1, std, zeros)
-    return GroupStats(index, count, mean, std, lo, hi)
