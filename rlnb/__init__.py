@@ -5,8 +5,9 @@ shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache`
 (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers, `MODEL_LOADERS`, LoRA),
 `rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.generation`
 (batched sampling, shared prompt prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls),
-`rlnb.rewards` (rewards, Pareto ranks and the reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL
-estimators, reference models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
+`rlnb.rewards` (reward functions, checked), `rlnb.reward_transforms` (aggregation, normalisation, Pareto
+ranks, shaping, the reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference
+models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
 (group filters, dynamic sampling), `rlnb.algorithms` (advantages, losses, the registry), `rlnb.catalogue` (RLOO,
 REINFORCE, DAPO, GSPO, REINFORCE++), `rlnb.dpo` (online DPO), `rlnb.ppo` (PPO: value head, GAE), `rlnb.mismatch`
 (the sampler/trainer mismatch measured, a bf16 sampler), `rlnb.rollout_corrections` (correcting it: TIS, MIS,
@@ -54,6 +55,7 @@ from .generation import *
 from .logprobs import *
 from .tools import *
 from .rewards import *
+from .reward_transforms import *  # aggregators, normalisers, Pareto ranks, shaping, create_reward_transform
 from .kl import *
 from .rollouts import *
 from .multiturn import *  # multi-turn episodes, tool-call parsers, environments

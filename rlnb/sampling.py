@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 
 from .core import Batch, Rollout, TrainingConfig
 from .rollouts import DataBuffer
-from .rewards import policy_length, aggregate_vector_rewards, compute_scalar_reward, length_penalty_reward
+from .rewards import policy_length, compute_scalar_reward, length_penalty_reward
+from .reward_transforms import aggregate_vector_rewards
 
 # %% auto #0
 __all__ = ['batch_groups', 'nonzero_std_filter', 'min_reward_filter', 'diversity_filter', 'length_filter', 'combine_filters',

@@ -12,6 +12,7 @@ import torch
 from bad_inputs import check_bad_input
 
 from rlnb import algorithms, chat, checkpoints, core, generation, kl, loggers, logprobs, models, quickstart, rewards
+from rlnb import reward_transforms
 from rlnb import rollouts, tasks, tiny, tools, training
 from rlnb.sft import sft as run_sft_fn
 from rlnb.core import (Conversation, GenerationConfig, Generation, Message, ModelConfig, Rollout, TrainingState,
@@ -120,34 +121,37 @@ case("rewards/vector string", ValueError, ["reward function", "str"],
 case("rewards/empty", ValueError, "rollouts", lambda t: rewards.compute_batch_rewards([], lambda r: 1.0))
 case("rewards/not callable", TypeError, "reward_fn", lambda t: rewards.compute_batch_rewards([ro()], 1.0))
 case("rewards/aggregate NaN", ValueError, "rewards",
-     lambda t: rewards.aggregate_vector_rewards(torch.tensor([[1.0, nan]])))
-case("rewards/aggregate strings", ValueError, "rewards", lambda t: rewards.aggregate_vector_rewards(["a", "b"]))
+     lambda t: reward_transforms.aggregate_vector_rewards(torch.tensor([[1.0, nan]])))
+case("rewards/aggregate strings", ValueError, "rewards",
+     lambda t: reward_transforms.aggregate_vector_rewards(["a", "b"]))
 case("rewards/aggregator and weights", ValueError, ["aggregator", "weights"],
-     lambda t: rewards.aggregate_vector_rewards([1.0, 2.0], rewards.mean_aggregator, [1.0, 1.0]))
-case("rewards/weights empty", ValueError, "weights", lambda t: rewards.weighted_sum_aggregator([]))
-case("rewards/weights inf", ValueError, "weights", lambda t: rewards.weighted_sum_aggregator([1.0, inf]))
+     lambda t: reward_transforms.aggregate_vector_rewards([1.0, 2.0], reward_transforms.mean_aggregator, [1.0, 1.0]))
+case("rewards/weights empty", ValueError, "weights", lambda t: reward_transforms.weighted_sum_aggregator([]))
+case("rewards/weights inf", ValueError, "weights", lambda t: reward_transforms.weighted_sum_aggregator([1.0, inf]))
 case("rewards/weights wrong K", ValueError, "weights",
-     lambda t: rewards.weighted_sum_aggregator([1.0, 2.0])(torch.ones(2, 3)))
+     lambda t: reward_transforms.weighted_sum_aggregator([1.0, 2.0])(torch.ones(2, 3)))
 case("rewards/normalize method", ValueError, "method",
-     lambda t: rewards.normalize_rewards([1.0, 2.0], method="softmax"))
+     lambda t: reward_transforms.normalize_rewards([1.0, 2.0], method="softmax"))
 case("rewards/normalize group_ids", ValueError, "group_ids",
-     lambda t: rewards.normalize_rewards([1.0, 2.0], group_ids=[0, 0, 1]))
-case("rewards/normalize NaN", ValueError, "rewards", lambda t: rewards.normalize_rewards([1.0, nan]))
-case("rewards/normalizer 3-d", ValueError, "rewards", lambda t: rewards.zscore_normalizer(torch.ones(2, 2, 2)))
+     lambda t: reward_transforms.normalize_rewards([1.0, 2.0], group_ids=[0, 0, 1]))
+case("rewards/normalize NaN", ValueError, "rewards", lambda t: reward_transforms.normalize_rewards([1.0, nan]))
+case("rewards/normalizer 3-d", ValueError, "rewards",
+     lambda t: reward_transforms.zscore_normalizer(torch.ones(2, 2, 2)))
 case("rewards/normalizer returns NaN", ValueError, "normalizer",
-     lambda t: rewards.normalize_rewards([1.0, 2.0], normalizer=lambda r: r * nan))
+     lambda t: reward_transforms.normalize_rewards([1.0, 2.0], normalizer=lambda r: r * nan))
 case("rewards/shaping base_rewards length", ValueError, "base_rewards",
-     lambda t: rewards.apply_reward_shaping([ro(), ro()], [1.0], lambda r, x: x))
+     lambda t: reward_transforms.apply_reward_shaping([ro(), ro()], [1.0], lambda r, x: x))
 case("rewards/shaping returns NaN", ValueError, "shaping function",
-     lambda t: rewards.apply_reward_shaping([ro()], [1.0], lambda r, x: nan))
+     lambda t: reward_transforms.apply_reward_shaping([ro()], [1.0], lambda r, x: nan))
 case("rewards/shaping base NaN", ValueError, ["base reward", "rollout 0"],
-     lambda t: rewards.apply_reward_shaping([ro()], [nan], lambda r, x: x))
-case("rewards/kl shaping without KL", ValueError, "kl_divergence", lambda t: rewards.kl_penalty_shaping(0.1)(ro(), 1.0))
-case("rewards/kl shaping coef NaN", ValueError, "beta", lambda t: rewards.kl_penalty_shaping(nan))
+     lambda t: reward_transforms.apply_reward_shaping([ro()], [nan], lambda r, x: x))
+case("rewards/kl shaping without KL", ValueError, "kl_divergence",
+     lambda t: reward_transforms.kl_penalty_shaping(0.1)(ro(), 1.0))
+case("rewards/kl shaping coef NaN", ValueError, "beta", lambda t: reward_transforms.kl_penalty_shaping(nan))
 case("rewards/format_reward pattern", ValueError, "pattern", lambda t: rewards.format_reward("(unclosed"))
 case("rewards/length buffer<0", ValueError, "buffer_length", lambda t: rewards.length_penalty_reward(buffer_length=-1))
 case("rewards/transform normalizer", ValueError, "normalizer",
-     lambda t: rewards.create_reward_transform(normalizer="softmax"))
+     lambda t: reward_transforms.create_reward_transform(normalizer="softmax"))
 case("rewards/exact_match no answer", ValueError, "answer", lambda t: rewards.exact_match_reward(ro()))
 
 # --- rlnb.algorithms: advantages and losses ---------------------------------------------------------------------------

@@ -20,10 +20,11 @@ PUBLIC = {
     "generation": "generate generate_with_logprobs batch_generate merged_lora",
     "logprobs": "compute_logprobs_for_tokens precision_context",
     "tools": "generate_conversation_turn extract_tool_calls execute_tools",
-    "rewards": "trl_reward compute_scalar_reward compute_vector_reward aggregate_vector_rewards compute_batch_rewards "
-               "normalize_rewards apply_reward_shaping format_reward exact_match_reward length_penalty_reward "
-               "weighted_sum_aggregator min_aggregator max_aggregator mean_aggregator create_reward_transform "
-               "pareto_ranks pareto_reward",
+    "rewards": "trl_reward compute_scalar_reward compute_vector_reward compute_batch_rewards format_reward "
+               "exact_match_reward length_penalty_reward",
+    "reward_transforms": "aggregate_vector_rewards normalize_rewards apply_reward_shaping weighted_sum_aggregator "
+                         "min_aggregator max_aggregator mean_aggregator create_reward_transform pareto_ranks "
+                         "pareto_reward",
     "reward_models": "load_reward_model compute_reward_model_score create_rm_reward_fn create_rm_rollout_fn "
                      "preference_loss create_preference_pairs create_rollout_pairs train_reward_model "
                      "load_tiny_reward_model",

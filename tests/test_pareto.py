@@ -1,5 +1,5 @@
-"""Pareto rewards (rlnb.rewards): non-dominated sorting of reward vectors within each group, the front as a reward
-in [0, 1], and `create_reward_transform(aggregator="pareto")` in a real training run."""
+"""Pareto rewards (rlnb.reward_transforms): non-dominated sorting of reward vectors within each group, the front as a
+reward in [0, 1], and `create_reward_transform(aggregator="pareto")` in a real training run."""
 import math
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from rlnb.core import create_training_config
-from rlnb.rewards import create_reward_transform, pareto_ranks, pareto_reward
+from rlnb.reward_transforms import create_reward_transform, pareto_ranks, pareto_reward
 from rlnb.tasks import get_task
 from rlnb.training import train
 

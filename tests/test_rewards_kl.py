@@ -1,10 +1,11 @@
-"rlnb.rewards and rlnb.kl as a programmer uses them: imported, composed, and failing loudly on bad input."
+"rlnb.rewards, rlnb.reward_transforms and rlnb.kl as a programmer uses them: composed, and failing loudly on bad input."
 import copy, math
 
 import pytest
 import torch
 
 import rlnb.kl as kl
+import rlnb.reward_transforms as rt
 import rlnb.rewards as rw
 from rlnb.core import Generation, Rollout, collate
 from rlnb.logprobs import naive_logprobs
@@ -35,13 +36,13 @@ def test_batch_rewards_aggregate_and_normalise():
     rs = _rollouts(["46", "45", "46", "46"])
     R = rw.compute_batch_rewards(rs, [rw.exact_match_reward, rw.format_reward(r"^\d+$")], is_vector=True)
     assert R.shape == (4, 2) and R[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
-    scalar = rw.aggregate_vector_rewards(R, weights=[1.0, 0.5])
+    scalar = rt.aggregate_vector_rewards(R, weights=[1.0, 0.5])
     assert torch.allclose(scalar, torch.tensor([1.5, 0.5, 1.5, 1.5]))
-    z = rw.normalize_rewards(scalar, group_ids=torch.tensor([r.group_index for r in rs]))
+    z = rt.normalize_rewards(scalar, group_ids=torch.tensor([r.group_index for r in rs]))
     # std with n - 1, as torch.std: (1.5 - 1) / sqrt(0.5); the constant second group gives 0, not NaN
     assert torch.allclose(z, torch.tensor([0.5, -0.5, 0.0, 0.0]) / 0.5**0.5)
     for method in ("zscore", "minmax", "rank"):
-        assert torch.isfinite(rw.normalize_rewards(torch.full((3, 2), 7.0), method)).all()
+        assert torch.isfinite(rt.normalize_rewards(torch.full((3, 2), 7.0), method)).all()
 
 
 def test_zscore_is_grpos_group_statistic():
@@ -49,11 +50,11 @@ def test_zscore_is_grpos_group_statistic():
     from rlnb.algorithms import compute_grpo_advantages
     r = torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0.5, 3, -1])
     g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 4])  # a mixed group, a constant one, groups of one
-    z = rw.zscore_normalizer(r, g)
+    z = rt.zscore_normalizer(r, g)
     assert torch.allclose(z, compute_grpo_advantages(r, g), atol=1e-3)
     assert torch.allclose(z[8:12], (r[8:12] - r[8:12].mean()) / r[8:12].std())  # torch.std's statistic
     assert z[4:8].eq(0).all() and z[12:].eq(0).all()  # no spread: 0, not NaN
-    tied = rw.pareto_reward(torch.ones(4, 2))  # one front: every rollout 1.0, so no signal for GRPO either
+    tied = rt.pareto_reward(torch.ones(4, 2))  # one front: every rollout 1.0, so no signal for GRPO either
     assert compute_grpo_advantages(tied, [0] * 4).eq(0).all()
 
 

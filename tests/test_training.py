@@ -121,7 +121,7 @@ def test_group_size_zero_names_group_size():
 
 
 def test_vector_reward_trains_with_a_transform():
-    from rlnb.rewards import create_reward_transform
+    from rlnb.reward_transforms import create_reward_transform
     vec = lambda r: [TASK.reward_fn(r), -len(r.token_ids) / 8]
     with pytest.raises(ValueError, match="reward_transform=create_reward_transform"):
         train(create_training_config(**SMALL), reward_fn=vec, progress=False)
