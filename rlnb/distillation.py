@@ -7,12 +7,14 @@ Docs: https://rlnb.github.io/rlnb/distillation.html.md"""
 # %% ../nbs/54_distillation.ipynb #33056af1
 from __future__ import annotations
 import math
+from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from .cache import build_atomically, default_cache_dir
 from .checks import check_2d, check_finite, check_finite_number
 from .core import Batch, collate, model_device, pad_token_id
 from .chat import format_prompt
@@ -21,9 +23,9 @@ from .logprobs import compute_logprobs_for_tokens
 from .algorithms import ALGORITHMS, AlgorithmSpec, check_clip_config, grpo_loss
 
 # %% auto #0
-__all__ = ['OPSD_HINT_TEMPLATE', 'SDPO_HINT_TEMPLATE', 'compute_distillation_advantages', 'compute_opd_advantages', 'answer_hint',
-           'successful_attempt_hint', 'self_teacher_logprobs', 'create_self_teacher_rollout_fn',
-           'compute_self_distillation_advantages', 'check_self_distillation_config']
+__all__ = ['OPSD_HINT_TEMPLATE', 'SDPO_HINT_TEMPLATE', 'compute_distillation_advantages', 'compute_opd_advantages',
+           'cached_model_folder', 'answer_hint', 'successful_attempt_hint', 'self_teacher_logprobs',
+           'create_self_teacher_rollout_fn', 'compute_self_distillation_advantages', 'check_self_distillation_config']
 
 # %% ../nbs/54_distillation.ipynb #720e85ed
 def compute_distillation_advantages(
@@ -77,6 +79,16 @@ ALGORITHMS["opd"] = AlgorithmSpec(compute_opd_advantages, grpo_loss, MappingProx
     max_completion_length=None, kl_fn=None, log_ratio_clip=None, dual_clip=None)), group_relative=False,
     needs_old_logprobs=True, needs_teacher=True,  # the teacher's signal is measured against the sampling policy
     check_config=_check_opd_config)
+
+# %% ../nbs/54_distillation.ipynb #2d8f5737
+def cached_model_folder(
+    name: str,  # the folder's name under rlnb's cache root, e.g. "opd-teacher-addition-grpo300-seed0"
+    build: Callable,  # folder -> None: writes a transformers model (model.safetensors) and its tokenizer into it
+    cache_dir=None,  # the cache root; None: $RLNB_CACHE, else ~/.cache/rlnb
+) -> Path:  # the finished folder, for load_teacher or TrainingConfig(teacher=...)
+    "A model folder built once by `build` and cached: later calls, in this run or the next, return it at once."
+    def complete(folder: Path) -> bool: return (folder / "model.safetensors").exists()
+    return build_atomically(default_cache_dir(cache_dir) / name, build, complete)
 
 # %% ../nbs/54_distillation.ipynb #550da93f
 OPSD_HINT_TEMPLATE = "{question}\n\nThe answer is: {answer}"  # the teacher's user message in answer_hint
