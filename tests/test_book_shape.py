@@ -36,7 +36,7 @@ def shows_a_result(cell: dict) -> bool:
     "A code cell whose saved output is a picture or a table (a DataFrame, or a markdown/pandas table printed)."
     for out in cell.get("outputs", []):
         data = out.get("data", {})
-        if "image/png" in data or "<table" in "".join(data.get("text/html", [])): return True
+        if "image/png" in data or "text/html" in data: return True  # a figure, a table or a rendered view
         printed = "".join(out.get("text", [])) + "".join(data.get("text/plain", []))
         if re.search(r"^\|.*\|\s*$", printed, re.M) or re.search(r"^\s*\S+(\s{2,}\S+){2,}\s*$", printed, re.M):
             return True
