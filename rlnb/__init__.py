@@ -20,7 +20,8 @@ training), `rlnb.distillation` (on-policy distillation from a teacher, self-dist
 `rlnb.loggers` (loggers, metrics, plots), `rlnb.checkpoints` (crash-safe checkpoints), `rlnb.training` (`train` and
 its hooks), `rlnb.sft` (SFT through the same loop), `rlnb.engines` (vLLM as the sampler, weight sync),
 `rlnb.distributed` (data parallelism over processes), `rlnb.quickstart` (`quick_start_training`), `rlnb.tiny` (the
-built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor, `load_sweep`, `plot_sweep`),
+built-in tiny model), `rlnb.experiments` (papermill runs and sweeps on any executor), `rlnb.sweep_results`
+(`load_sweep`, `plot_sweep`),
 `rlnb.cli` (the `rlnb run` / `rlnb sweep` / `rlnb train` / `rlnb chat` / `rlnb eval` / `rlnb export` commands),
 `rlnb.widgets` (the live training dashboard), `rlnb.viewer` (the token-level rollout viewer), and after the run:
 `rlnb.runs` (`load_run`: a run folder's trained model), `rlnb.talk` (chat with it, compare it with its base),
@@ -90,7 +91,8 @@ from .distributed import *  # data parallelism on torch.distributed (replicated 
 from .reward_models import *  # reward models: batched scoring, the tiny Bradley-Terry reward model
 from .widgets import *  # the training dashboard
 from .viewer import *  # the rollout viewer
-from .experiments import *  # run_experiment, run_sweep, load_sweep, plot_sweep (the `rlnb` command: rlnb.cli)
+from .experiments import *  # run_experiment, run_sweep (the `rlnb` command: rlnb.cli)
+from .sweep_results import *  # load_sweep, plot_sweep: a sweep's folders as tables and plots
 from .environments import *  # text, self-verification and conversation environments, simulated users
 from .tool_use import *  # the tool-use task: calculator demonstrations, SFT start, RL settings and metrics
 from .runs import *  # load_run: a run folder's trained policy, checked against its base model

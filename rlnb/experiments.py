@@ -1,4 +1,4 @@
-"""Papermill runs and sweeps on any executor: skipped when done, retried when failed, compared.
+"""Papermill runs and sweeps on any executor: each run a folder of its own, skipped when done, retried when failed.
 
 Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/experiments.html.md"""
 
 # %% ../nbs/80_experiments.ipynb #b4224387
 from __future__ import annotations
-import ast, contextlib, difflib, functools, hashlib, itertools, json, logging, math, multiprocessing, numbers, os, re
+import ast, contextlib, functools, hashlib, itertools, json, logging, math, multiprocessing, os, re
 import reprlib, shutil, signal, socket, sys, tempfile, threading, time, uuid, warnings, weakref
 from concurrent.futures import Executor, Future, as_completed
 from pathlib import Path
@@ -15,13 +15,13 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 from .cache import (LOCK_FILE, FolderInUseError, die_with_parent, folder_lock, loads_json, lock_holder,
                         write_atomically)
 from .core import CONFIG_MAXIMA, create_training_config
-from .loggers import METRIC_LABELS, load_metrics
+from .loggers import load_metrics
 from .interrupts import SoftInterrupt
 
 # %% auto #0
 __all__ = ['STATUS_FILE', 'RUN_LOCK_FILE', 'ATTEMPTS_DIR', 'RUN_STATUSES', 'MAX_KEPT_ATTEMPTS', 'MAX_SWEEP_RUNS', 'RunResult',
-           'check_run_params', 'run_name', 'expand_grid', 'run_experiment', 'ProcessPerRun', 'progress_line',
-           'run_sweep', 'Sweep', 'load_sweep', 'plot_sweep']
+           'read_json_object', 'read_run_status', 'check_run_params', 'run_name', 'expand_grid', 'why_incomplete',
+           'run_experiment', 'write_toy_notebook', 'ProcessPerRun', 'progress_line', 'run_sweep']
 
 # %% ../nbs/80_experiments.ipynb #1ba1bef7
 class RunResult(NamedTuple):
@@ -49,7 +49,9 @@ def _write_json_atomic(path: Path, obj) -> None:
     write_atomically(path, json.dumps(obj, indent=2, default=str))
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json_object(
+    path: Path,  # a JSON file
+) -> dict | None:
     "A JSON object from `path`, or None if the file is missing or holds no object."
     try: value = loads_json(Path(path).read_text())
     except (OSError, ValueError): return None
@@ -61,11 +63,13 @@ def _is_file_name(name) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
-def _read_status(folder: Path) -> dict | None:
+def read_run_status(
+    folder: Path,  # a run folder (one of run_experiment's or run_sweep's)
+) -> dict | None:
     "A run folder's status, checked (None if it has none); a ValueError naming the file if it is not a run's status."
     path = Path(folder) / STATUS_FILE
     if not path.exists(): return None
-    status = _read_json(path)
+    status = read_json_object(path)
     if status is None: problem = "does not hold a JSON object"
     elif status.get("status") not in RUN_STATUSES:
         problem = f"has status {reprlib.repr(status.get('status'))}, expected one of {RUN_STATUSES}"
@@ -319,10 +323,13 @@ def _set_aside(out: Path, attempt: int) -> Path | None:
     return dest
 
 # %% ../nbs/80_experiments.ipynb #1429ffcf
-def _incomplete(out: Path, status: dict) -> str | None:
+def why_incomplete(
+    out: Path,  # a run folder
+    status: dict,  # its status (read_run_status), marked completed
+) -> str | None:
     "Why a run marked completed is not (its notebook missing, its summary's final step not in its metrics), or None."
     if not (out / status.get("notebook", "run.ipynb")).is_file(): return "its executed notebook is missing"
-    summary, metrics = _read_json(out / "summary.json"), out / "metrics.jsonl"
+    summary, metrics = read_json_object(out / "summary.json"), out / "metrics.jsonl"
     steps = (summary or {}).get("final_step")  # written by notebooks that want this check (the training notebook does)
     if isinstance(steps, int) and steps > 0:
         with warnings.catch_warnings():
@@ -336,8 +343,8 @@ def _incomplete(out: Path, status: dict) -> str | None:
 
 def _finished(fn: str, out: Path, params: dict) -> RunResult | None:
     "The completed, consistent run in `out` (with the very same parameters, else an error), or None."
-    previous = _read_status(out)
-    if previous is None or previous.get("status") != "completed" or _incomplete(out, previous): return None
+    previous = read_run_status(out)
+    if previous is None or previous.get("status") != "completed" or why_incomplete(out, previous): return None
     _check_same_params(fn, out, previous, params)
     return _result(out, previous, skipped=True)
 
@@ -346,7 +353,7 @@ def _result(out: Path, status: dict, skipped: bool = False) -> RunResult:
     "The RunResult that a run folder's status describes."
     seconds = status.get("seconds")
     return RunResult(out.name, status.get("status"), status.get("params", {}), out,
-                     out / status.get("notebook", "run.ipynb"), _read_json(out / "summary.json"),
+                     out / status.get("notebook", "run.ipynb"), read_json_object(out / "summary.json"),
                      float("nan") if seconds is None else seconds, status.get("error"), skipped)
 
 
@@ -412,11 +419,11 @@ def run_experiment(
     _check_not_in_use(fn, out)
     done = _finished(fn, out, params)
     if done is not None: return done
-    _check_folder(fn, out, _read_status(out))
+    _check_folder(fn, out, read_run_status(out))
     with folder_lock(out, "rlnb run_experiment", RUN_LOCK_FILE):  # until the status says how it ended
         _check_not_in_use(fn, out, lock_files=(LOCK_FILE,))  # a kernel may have started between the look and the lock
         done = _finished(fn, out, params)  # and what it left: looked at again under the lock
-        return done or _run_attempt(notebook, params, out, _read_status(out), env, cwd, kernel_name, log_output)
+        return done or _run_attempt(notebook, params, out, read_run_status(out), env, cwd, kernel_name, log_output)
 
 
 def _interrupt_kernels() -> None:
@@ -473,6 +480,44 @@ def _run_attempt(notebook: Path, params: dict, out: Path, previous: dict | None,
     ended(status="interrupted" if interrupted else "failed" if error else "completed", error=error)
     _write_json_atomic(out / STATUS_FILE, status)
     return _result(out, status)
+
+# %% ../nbs/80_experiments.ipynb #47be9cea
+_TOY_PARAMS = 'learning_rate = 2e-3\nnum_iterations = 40\neval_every = 10\nseed = 0\noutput_dir = "runs/toy"'
+_TOY_BODY = ("""import json, math, os, random
+from pathlib import Path
+out = Path(output_dir)
+rng = random.Random(seed)
+speed = 40 * learning_rate  # the toy's learning: a bigger step learns faster
+rewards, accuracies = [], []
+with open(out / "metrics.jsonl", "w") as f:
+    for step in range(1, num_iterations + 1):
+        BUG
+        rewards.append(0.9 - 0.8 * math.exp(-speed * step) + rng.gauss(0, 0.04))
+        f.write(json.dumps({"iteration": step, "step": step, "reward/mean": rewards[-1]}) + "\\n")
+        if eval_every and step % eval_every == 0:
+            accuracies.append(min(1.0, 0.95 - 0.85 * math.exp(-speed * step) + rng.gauss(0, 0.02)))
+            f.write(json.dumps({"iteration": step, "step": step, "eval/accuracy": accuracies[-1]}) + "\\n")
+summary = dict(steps=num_iterations, final_step=num_iterations, reward_start=sum(rewards[:5]) / 5, """
+            """reward_final=sum(rewards[-5:]) / 5,
+               accuracy_start=accuracies[0] if accuracies else None,
+               accuracy_final=accuracies[-1] if accuracies else None,
+               omp_threads=os.environ.get("OMP_NUM_THREADS"), rlnb_threads=os.environ.get("RLNB_NUM_THREADS"))
+(out / "summary.json").write_text(json.dumps(summary))
+print(f"reward {summary['reward_start']:.2f} -> {summary['reward_final']:.2f}")""")
+_TOY_BUG = 'if learning_rate > 2.5e-3 and step == 12: raise FloatingPointError(f"loss is nan at step {step}")'
+
+
+def write_toy_notebook(
+    path: str | Path,  # where to write the notebook (.ipynb)
+    bug: bool = False,  # a bug that fails the run at step 12 when learning_rate > 2.5e-3
+) -> Path:
+    "A papermill notebook that fakes a training run in a blink (metrics.jsonl, summary.json), for trying runs."
+    import nbformat
+    cells = [nbformat.v4.new_code_cell(_TOY_PARAMS, metadata={"tags": ["parameters"]}),
+             nbformat.v4.new_code_cell(_TOY_BODY.replace("BUG", _TOY_BUG if bug else "pass"))]
+    kernelspec = {"name": "python3", "language": "python", "display_name": "python3"}
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), path)
+    return Path(path)
 
 # %% ../nbs/80_experiments.ipynb #f6c13c28
 def _call_in_child(conn, parent_pid: int, fn: Callable, args: tuple) -> None:
@@ -602,7 +647,7 @@ def _run_env(threads_per_run: int | None) -> dict[str, str]:
 def _record_lost(out: Path, params: dict, error: BaseException) -> RunResult:
     "A run whose process (not its notebook) failed: recorded as failed, so that the next sweep retries it."
     out.mkdir(parents=True, exist_ok=True)
-    status = {**(_read_json(out / STATUS_FILE) or {}), "params": params, "status": "failed",
+    status = {**(read_json_object(out / STATUS_FILE) or {}), "params": params, "status": "failed",
               "error": _error_text(error)}
     _write_json_atomic(out / STATUS_FILE, status)
     return _result(out, status)
@@ -620,7 +665,7 @@ def _sort_plan(fn: str, notebook: Path, plan: dict, root: Path, check_params) ->
             results[run_id] = _result(out, {"status": "running", "params": params, "error": in_use}, skipped=True)
         elif (done := _finished(fn, out, params)) is not None: results[run_id] = done
         else:
-            _check_folder(f"{fn}: run {run_id}", out, _read_status(out))
+            _check_folder(f"{fn}: run {run_id}", out, read_run_status(out))
             todo[run_id] = params
     return results, todo
 
@@ -674,169 +719,3 @@ def run_sweep(
             raise
         if executor is None: pool.shutdown()
     return [results[run_id] for run_id in plan]
-
-# %% ../nbs/80_experiments.ipynb #21f60788
-class Sweep(NamedTuple):
-    "A sweep read back from its run folders."
-    runs: "pd.DataFrame"  # a row per run: run_id, the parameters, status, seconds, the summary's figures, error
-    metrics: "pd.DataFrame"  # a row per logged record: run_id, the run's parameters, then the metrics.jsonl columns
-    params: list  # the names of the parameter columns (seed included)
-
-# %% ../nbs/80_experiments.ipynb #31e20b03
-def _cell(value):
-    "A parameter as a table cell: lists and dicts as JSON text, so that runs can be grouped by them."
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
-
-
-def _run_row(folder: Path, status: dict) -> dict:
-    "One row of the runs table: run_id, parameters, status, seconds, the summary's scalar figures, error."
-    params = {k: _cell(v) for k, v in status.get("params", {}).items()}
-    row = {"run_id": folder.name, **params, "status": status.get("status"), "seconds": status.get("seconds")}
-    for k, v in (_read_json(folder / "summary.json") or {}).items():
-        if k not in row and k != "error" and not isinstance(v, (dict, list)): row[k] = v
-    return {**row, "error": status.get("error")}
-
-# %% ../nbs/80_experiments.ipynb #87c2dbae
-def _matches(params: Mapping, where: Mapping) -> bool:
-    "Whether a run's parameters have every value `where` asks for (a list: any of its values)."
-    return all(k in params and params[k] in (v if isinstance(v, (list, tuple)) else [v]) for k, v in where.items())
-
-# %% ../nbs/80_experiments.ipynb #51df7d78
-def _check_where_names(where: Mapping, names: set, root: Path) -> None:
-    "A `where` name that no run has (a misspelling) would select nothing without a word: refused, naming it."
-    unknown = [k for k in where if k not in names]
-    if unknown and names:
-        close = difflib.get_close_matches(str(unknown[0]), sorted(names), n=1)
-        raise ValueError(f"load_sweep: `where` names {unknown[0]!r}, a parameter no run in {str(root)!r} has"
-                         + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + f"; they have: {', '.join(sorted(names))}")
-
-
-def load_sweep(
-    output_root: str | Path,  # the folder run_sweep wrote, a subfolder per run
-    where: Mapping | None = None,  # only the runs whose parameters have these values, {name: value or [values]}
-) -> Sweep:
-    "The sweep's runs (a row each, ordered by parameters) and all their logged metrics (a row per record)."
-    import pandas as pd
-    root = Path(output_root)
-    if not root.is_dir(): raise ValueError(f"load_sweep: `output_root` {str(root)!r} is not a folder")
-    if where is not None and not isinstance(where, Mapping):
-        raise TypeError(f"load_sweep: `where` must be a dict {{name: value or [values]}}, got {type(where).__name__}")
-    rows, names, every_name = [], [], set()
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-        try: status = _read_status(folder)
-        except ValueError as e:
-            warnings.warn(f"load_sweep: skipped {folder.name}: {e}")
-            continue
-        every_name.update((status or {}).get("params", {}))
-        if status is None or not _matches(status.get("params", {}), where or {}): continue  # not a run, or not asked
-        reason = _incomplete(folder, status) if status["status"] == "completed" else None
-        if reason: status = {**status, "status": "incomplete", "error": f"marked completed, but {reason}"}
-        rows.append(_run_row(folder, status))
-        names += [k for k in status.get("params", {}) if k not in names]
-    _check_where_names(where or {}, every_name, root)
-    figures = [k for r in rows for k in r if k != "error"]  # the summaries' keys, in order of appearance
-    columns = dict.fromkeys(["run_id", *names, "status", "seconds", *figures, "error"])
-    runs = pd.DataFrame(rows, columns=list(columns))
-    try: runs = runs.sort_values(names, kind="stable", ignore_index=True) if names else runs
-    except TypeError: pass  # values of mixed types do not sort: folder order
-    frames = []
-    for _, run in runs.iterrows():
-        path = root / run["run_id"] / "metrics.jsonl"
-        if not path.is_file(): continue
-        try: logged = load_metrics(path)
-        except ValueError as e:
-            warnings.warn(f"load_sweep: skipped the metrics of {run['run_id']}: {e}")
-            continue
-        head = pd.DataFrame({"run_id": run["run_id"], **{k: run[k] for k in names}}, index=logged.index)
-        frames.append(pd.concat([head, logged.drop(columns=[c for c in head.columns if c in logged.columns])], axis=1))
-    metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["run_id", *names])
-    return Sweep(runs, metrics, names)
-
-# %% ../nbs/80_experiments.ipynb #045246e0
-def _label(keys: Sequence[str], values: Sequence) -> str:
-    "learning_rate=0.001, task=addition"
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(keys, values)) or "all runs"
-
-
-def _sweep_groups(runs, by: list) -> list[tuple[str, list, object]]:
-    "[(label, run_ids, value of by[0])] for the runs grouped by `by`, in order of their values."
-    if not by: return [("all runs", list(runs["run_id"]), None)]
-    try: grouped = list(runs.groupby(by, sort=True, dropna=False))
-    except TypeError: grouped = list(runs.groupby(by, sort=False, dropna=False))
-    keys = [key if isinstance(key, tuple) else (key,) for key, _ in grouped]
-    return [(_label(by, key), list(g["run_id"]), key[0]) for key, (_, g) in zip(keys, grouped)]
-
-# %% ../nbs/80_experiments.ipynb #e5883e38
-def _run_curve(metrics, run_id: str, metric: str, smooth: int):
-    "One run's `metric` by step: a dense series smoothed by a rolling mean, a sparse one (evaluations) as logged."
-    rows = metrics.loc[(metrics["run_id"] == run_id) & metrics[metric].notna(), ["step", metric]]
-    curve = rows.drop_duplicates("step", keep="last").set_index("step")[metric].sort_index()
-    return curve.rolling(smooth, min_periods=1).mean() if smooth > 1 and len(curve) >= 3 * smooth else curve
-
-# %% ../nbs/80_experiments.ipynb #2ecc68e9
-def _plot_finals(ax, finals: dict, groups: list, by: list) -> None:
-    "Each metric's final value per group: mean ± std over seeds as an error bar, a faint dot per run."
-    import numpy as np
-    values = [value for _, _, value in groups]
-    numeric = len(by) == 1 and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 for v in values)
-    xs = values if numeric else list(range(len(groups)))
-    for j, (metric, per_group) in enumerate(finals.items()):
-        pts = [(x, per_group[label]) for x, (label, _, _) in zip(xs, groups) if label in per_group]
-        color = ("black", "tab:green", "tab:purple", "tab:brown")[j % 4]
-        std = [np.std(v, ddof=1) if len(v) > 1 else 0.0 for _, v in pts]
-        ax.errorbar([x for x, _ in pts], [np.mean(v) for _, v in pts], yerr=std, marker="os^D"[j % 4], capsize=4,
-                    color=color, label=METRIC_LABELS.get(metric, metric))
-        for x, v in pts: ax.scatter([x] * len(v), v, color=color, alpha=0.35, s=14)
-    if numeric and max(xs) / min(xs) >= 3: ax.set_xscale("log")  # learning rates and the like: spaced by factors
-    ax.set_xticks(xs, [f"{v:g}" for v in xs] if numeric else [label for label, _, _ in groups], fontsize=8,
-                  rotation=20 * (not numeric and len(groups) > 3))
-    ax.minorticks_off()
-    ax.set(title="final value by " + (", ".join(by) or "run"), xlabel=by[0] if numeric else "", ylabel="final value")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-
-# %% ../nbs/80_experiments.ipynb #d74a9e8e
-def plot_sweep(
-    sweep: Sweep | str | Path,  # from load_sweep, or the sweep's folder
-    by: str | Sequence[str] | None = None,  # parameters to group runs by (None: all that vary, seed aside)
-    metrics: Sequence[str] = ("reward/mean", "eval/accuracy"),  # a panel each, against the optimizer step
-    smooth: int = 5,  # rolling mean over this many steps of each run's per-step series (1: raw)
-    final: bool = True,  # add a panel of each metric's final value by group
-    title: str | None = None,  # the figure's title (None: what was grouped)
-):
-    "Curves of the completed runs by group (mean ± std band over seeds) and their final values. Returns the figure."
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    fn = "plot_sweep"
-    sweep = sweep if isinstance(sweep, Sweep) else load_sweep(sweep)
-    done = sweep.runs[sweep.runs["status"] == "completed"]
-    if not len(done): raise ValueError(f"{fn}: the sweep has no completed run to plot")
-    by = [p for p in sweep.params if p != "seed" and done[p].nunique(dropna=False) > 1] if by is None else by
-    by = [by] if isinstance(by, str) else list(by)
-    unknown = [b for b in by if b not in sweep.params]
-    if unknown: raise ValueError(f"{fn}: `by` names {unknown}, not parameters of the sweep (they are {sweep.params})")
-    m = sweep.metrics
-    cols = [c for c in metrics if c in m.columns and m[c].notna().any()]
-    if not cols or "step" not in m.columns:
-        raise ValueError(f"{fn}: none of {list(metrics)} was logged by step (metrics columns: {list(m.columns)})")
-    groups = _sweep_groups(done, by)
-    fig, axes = plt.subplots(1, len(cols) + bool(final), figsize=(4.8 * (len(cols) + bool(final)), 3.6), squeeze=False)
-    finals = {c: {} for c in cols}  # metric -> group label -> the final value of each of its runs
-    for ax, c in zip(axes[0], cols):
-        for i, (label, run_ids, _) in enumerate(groups):
-            curves = [curve for r in run_ids if len(curve := _run_curve(m, r, c, smooth))]
-            if not curves: continue
-            finals[c][label] = [curve.iloc[-1] for curve in curves]
-            table = pd.concat(curves, axis=1)  # (steps, runs of the group)
-            mean, std = table.mean(axis=1), table.std(axis=1).fillna(0.0)
-            ax.plot(mean.index, mean, color=f"C{i}", label=f"{label} (n={len(curves)})",
-                    marker="o" if len(mean) < 15 else None)
-            if len(curves) > 1: ax.fill_between(mean.index, mean - std, mean + std, color=f"C{i}", alpha=0.2, lw=0)
-        ax.set(title=METRIC_LABELS.get(c, c), xlabel="optimizer step", ylabel=c)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if final: _plot_finals(axes[0][-1], finals, groups, by)
-    fig.suptitle(title or f"{len(done)} runs by {', '.join(by) or 'run'}: mean ± std over seeds")
-    fig.tight_layout()
-    return fig

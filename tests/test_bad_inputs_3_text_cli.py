@@ -11,7 +11,7 @@ import torch
 
 from bad_inputs import check_bad_input
 
-from rlnb import chat, cli, experiments, multiturn, tiny, tools
+from rlnb import chat, cli, experiments, multiturn, sweep_results, tiny, tools
 from rlnb.core import Conversation, Generation, GenerationConfig, Message
 
 torch.set_num_threads(1)
@@ -222,13 +222,13 @@ def test_load_sweep_skips_a_status_that_points_elsewhere(tmp_path):
         out.mkdir()
         (out / "status.json").write_text(json.dumps({"status": "completed", "params": {}, "notebook": bad}))
     with pytest.warns(UserWarning, match="status.json has notebook"):
-        sweep = experiments.load_sweep(tmp_path)
+        sweep = sweep_results.load_sweep(tmp_path)
     assert len(sweep.runs) == 0
 
 
 def test_a_status_with_its_own_notebook_name_is_read(tmp_path):
     out = status_folder(tmp_path, "run.ipynb")
-    assert experiments._read_status(out)["notebook"] == "run.ipynb"
+    assert experiments.read_run_status(out)["notebook"] == "run.ipynb"
     assert experiments._run_env(1024)["RLNB_NUM_THREADS"] == "1024"  # the limit itself is allowed
 
 

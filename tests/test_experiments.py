@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from rlnb.cli import main
-from rlnb.experiments import STATUS_FILE, expand_grid, load_sweep, plot_sweep, run_experiment, run_name, run_sweep
+from rlnb.experiments import STATUS_FILE, expand_grid, run_experiment, run_name, run_sweep
+from rlnb.sweep_results import load_sweep, plot_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_NB = ROOT / "nbs" / "experiments" / "grpo_training.ipynb"

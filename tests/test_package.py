@@ -80,7 +80,9 @@ PUBLIC = {
     "tiny": "load_tiny_model create_tiny_tokenizer create_tiny_model",
     "tiny_sft": "sft_tiny_model train_tiny_model_into read_tiny_history",
     "experiments": "RunResult STATUS_FILE RUN_LOCK_FILE ATTEMPTS_DIR ProcessPerRun check_run_params run_name "
-                   "expand_grid run_experiment run_sweep Sweep load_sweep plot_sweep",
+                   "expand_grid run_experiment run_sweep read_json_object read_run_status why_incomplete "
+                   "write_toy_notebook",
+    "sweep_results": "Sweep load_sweep plot_sweep",
     "widgets": "create_dashboard_logger draw_dashboard metrics_html samples_html DASHBOARD_PANELS",
     "viewer": "view_rollouts token_values tokens_html colorbar_html rollout_html group_html RolloutViewer "
               "QUANTITY_STYLES",

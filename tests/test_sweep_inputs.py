@@ -5,7 +5,8 @@ import json, re
 import nbformat
 import pytest
 
-from rlnb.experiments import STATUS_FILE, expand_grid, load_sweep, run_experiment, run_sweep
+from rlnb.experiments import STATUS_FILE, expand_grid, run_experiment, run_sweep
+from rlnb.sweep_results import load_sweep
 
 
 def notebook(path, tagged: bool):

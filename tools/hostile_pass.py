@@ -504,7 +504,7 @@ def _links_family() -> None:
          _plant(t, "metrics.jsonl", outside(t) / "precious.txt"),
          __import__("rlnb.loggers", fromlist=["x"]).drop_metrics_after(t / "metrics.jsonl", 0)), words="metrics.jsonl")
     case("links", "load_sweep over a folder with a run folder that is a link outside", lambda t: (
-         _plant(t, "run-a", outside(t) / "sub"), __import__("rlnb.experiments", fromlist=["x"]).load_sweep(t)),
+         _plant(t, "run-a", outside(t) / "sub"), __import__("rlnb.sweep_results", fromlist=["x"]).load_sweep(t)),
          expect="either", words="run-a")
     case("links", "build_atomically into a folder that is a dangling link", lambda t: (
          _plant(t, "built", outside(t) / "new"), __import__("rlnb.cache", fromlist=["x"]).build_atomically(
@@ -889,7 +889,7 @@ def _status_folder(t: Path) -> Path:
 
 
 def _files_family() -> None:
-    from rlnb import checkpoints, experiments, loggers, tasks
+    from rlnb import checkpoints, experiments, loggers, sweep_results, tasks
     from rlnb.core import rollouts_from_jsonl
     from rlnb.cache import lock_holder
     readers = [  # (what, file under t once set up, setup, call, words, corruptions, expect)
@@ -905,9 +905,9 @@ def _files_family() -> None:
          _PICKLE_CORRUPTIONS),
         ("resume: scheduler.pt", "run/checkpoint/scheduler.pt", saved_run, lambda t: resume(t / "run"),
          "scheduler.pt", _PICKLE_CORRUPTIONS),
-        ("load_sweep: status.json", "run-a/status.json", _status_folder, lambda t: experiments.load_sweep(t),
+        ("load_sweep: status.json", "run-a/status.json", _status_folder, lambda t: sweep_results.load_sweep(t),
          "status.json", _TEXT_CORRUPTIONS),
-        ("load_sweep: summary.json", "run-a/summary.json", _status_folder, lambda t: experiments.load_sweep(t),
+        ("load_sweep: summary.json", "run-a/summary.json", _status_folder, lambda t: sweep_results.load_sweep(t),
          "summary.json", _TEXT_CORRUPTIONS),
         ("run_experiment: status.json", "run-a/status.json", _status_folder, lambda t: experiments.run_experiment(
             small_notebook(t / "nb.ipynb"), {"seed": 0}, t / "run-a", check_params=None), "status.json",
