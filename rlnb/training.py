@@ -1,4 +1,4 @@
-"""One rollout-then-update iteration, and the loop around it, with every hook of a run.
+"""One rollout-then-update iteration, and the loop `train` around it: the outline of every run.
 
 Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
@@ -30,42 +30,7 @@ from .resume import output_lock, output_paths, resumed_state, run_start
 from .interrupts import SoftInterrupt
 
 # %% auto #0
-__all__ = ['SAMPLERS', 'training_iteration', 'build_policy', 'train']
-
-# %% ../nbs/43_training.ipynb #06b4e87b
-def _check_completions(batch: Batch, source: str) -> Batch:
-    "A batch from `source` whose rollouts each have completion tokens: an empty one has nothing to train on."
-    empty = [k for k, r in enumerate(batch.rollouts) if r.token_ids is not None and len(r.token_ids) == 0]
-    if empty:
-        raise ValueError(f"training_iteration: `{source}` returned {len(empty)} rollout(s) without completion tokens "
-                         f"(rollout {empty[0]} first); each needs the tokens it is trained on")
-    return batch
-
-
-def _hooked_batch(state: TrainingState, batch: Batch, iteration_hook: Callable | None) -> Batch:
-    "The batch after `iteration_hook` (its replacement, if it returns one); every rollout must have completion tokens."
-    _check_completions(batch, "rollout_fn")
-    if iteration_hook is None: return batch
-    out = iteration_hook(state, batch)
-    if out is not None and not isinstance(out, Batch):
-        raise TypeError(f"training_iteration: `iteration_hook` returned a {type(out).__name__}; "
-                        "expected None or a Batch")
-    return batch if out is None else _check_completions(out, "iteration_hook")
-
-# %% ../nbs/43_training.ipynb #20979153
-def _skipped_step(state: TrainingState) -> tuple[TrainingState, TrainingStats]:
-    "An iteration with nothing to train on (e.g. a filter dropped every group): no update, a record saying so."
-    stats = TrainingStats(0.0, 0.0, state.optimizer.param_groups[0]["lr"], 0.0, 0.0, 0.0, {"skipped": 1.0})
-    return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
-
-
-def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: int, fn: str = "training_iteration"):
-    "The reference after `ref_model_update_fn`: the model it returned (a module, or the kind it was given), or None."
-    out = update_reference_model(ref_model, policy, ref_model_update_fn, step=step)  # None: the same reference
-    if not (isinstance(out, torch.nn.Module) or type(out) is type(ref_model)):
-        raise TypeError(f"{fn}: `ref_model_update_fn` returned {reprlib.repr(out)} (a {type(out).__name__}); "
-                        "expected the reference model (updated in place or new) or None")
-    return out
+__all__ = ['SAMPLERS', 'training_iteration', 'train', 'build_policy']
 
 # %% ../nbs/43_training.ipynb #417bbd95
 def training_iteration(
@@ -107,6 +72,176 @@ def training_iteration(
                                            "time/step_s": time.perf_counter() - t0})
     history = tuple(new_state.stats_history[:-1]) + (stats,)
     return new_state._replace(iteration=state.iteration + 1, stats_history=history), batch, stats
+
+# %% ../nbs/43_training.ipynb #06b4e87b
+def _check_completions(batch: Batch, source: str) -> Batch:
+    "A batch from `source` whose rollouts each have completion tokens: an empty one has nothing to train on."
+    empty = [k for k, r in enumerate(batch.rollouts) if r.token_ids is not None and len(r.token_ids) == 0]
+    if empty:
+        raise ValueError(f"training_iteration: `{source}` returned {len(empty)} rollout(s) without completion tokens "
+                         f"(rollout {empty[0]} first); each needs the tokens it is trained on")
+    return batch
+
+
+def _hooked_batch(state: TrainingState, batch: Batch, iteration_hook: Callable | None) -> Batch:
+    "The batch after `iteration_hook` (its replacement, if it returns one); every rollout must have completion tokens."
+    _check_completions(batch, "rollout_fn")
+    if iteration_hook is None: return batch
+    out = iteration_hook(state, batch)
+    if out is not None and not isinstance(out, Batch):
+        raise TypeError(f"training_iteration: `iteration_hook` returned a {type(out).__name__}; "
+                        "expected None or a Batch")
+    return batch if out is None else _check_completions(out, "iteration_hook")
+
+# %% ../nbs/43_training.ipynb #20979153
+def _skipped_step(state: TrainingState) -> tuple[TrainingState, TrainingStats]:
+    "An iteration with nothing to train on (e.g. a filter dropped every group): no update, a record saying so."
+    stats = TrainingStats(0.0, 0.0, state.optimizer.param_groups[0]["lr"], 0.0, 0.0, 0.0, {"skipped": 1.0})
+    return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats
+
+
+def _updated_reference(ref_model, policy, ref_model_update_fn: Callable, step: int, fn: str = "training_iteration"):
+    "The reference after `ref_model_update_fn`: the model it returned (a module, or the kind it was given), or None."
+    out = update_reference_model(ref_model, policy, ref_model_update_fn, step=step)  # None: the same reference
+    if not (isinstance(out, torch.nn.Module) or type(out) is type(ref_model)):
+        raise TypeError(f"{fn}: `ref_model_update_fn` returned {reprlib.repr(out)} (a {type(out).__name__}); "
+                        "expected the reference model (updated in place or new) or None")
+    return out
+
+# %% ../nbs/43_training.ipynb #bf221e60
+def train(
+    config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
+    *,  # the rest by name: two hooks of one kind cannot be swapped by position
+    model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
+    tokenizer=None,  # its tokenizer (required with `model` or `initial_state`)
+    initial_state: TrainingState | None = None,  # a ready state (model, optimizer, ...) instead of `model`
+    # a fixed list of prompts (or TaskExamples) read in seeded epochs, or a DataBuffer
+    prompts: Sequence | DataBuffer | None = None,
+    prompt_loader: Callable | None = None,  # iteration -> prompts; None = `prompts`, else config.task's sampler
+    rollout_fn: Callable | None = None,  # (model, tokenizer, prompts, config) -> Batch; None = create_rollout_fn(...)
+    reward_fn: Callable | None = None,  # rollout -> reward; None = config.task's
+    generator: Callable | None = None,  # (model, tokenizer, prompts, gen_config) -> list[Generation]
+    template_fn: Callable | None = None,  # (conversation, tokenizer) -> prompt text
+    tool_parser: Callable | None = None,  # completion text -> tool calls
+    system_prompt: str | None = None,  # system message for plain prompts (None = the task's)
+    # a config dict or iteration -> config (switching); None = from config
+    algorithm_config: Mapping | Callable | None = None,
+    loss_fn: Callable | None = None,  # (batch, logprobs, algorithm_config) -> (loss, metrics)
+    reward_transform: Callable | None = None,  # (rewards, group_ids, rollouts) -> (B,)
+    kl_fn: Callable | None = None,  # (logprobs, ref_logprobs) -> (B, C)
+    ref_model_update_fn: Callable | None = None,  # (ref_model, policy, step) -> ref_model
+    optimizer_step_fn: Callable | None = None,  # (state, max_grad_norm) -> grad norm
+    eval_fn: Callable | None = None,  # state -> {name: value}; None = greedy accuracy on config.task
+    logger: Callable | Sequence[Callable] | None = None,  # (state, stats) -> None, or a list of them
+    checkpoint_fn: Callable | None = None,  # state -> None; None = save_checkpoint into config.output_dir
+    iteration_hook: Callable | None = None,  # (state, batch) -> None or a new Batch
+    # (state, metrics) -> True to stop early (metrics include eval/ ones when evaluated)
+    stop_fn: Callable | None = None,
+    progress: bool = True,  # print a text progress line every ~10% of the run
+    teacher: torch.nn.Module | str | None = None,  # a model on the policy's tokenizer to distill from (opd)
+) -> TrainingState:
+    "Run rollout-then-update iterations until config.num_iterations, with evaluation, logging, checkpoints and resume."
+    fn = "train"
+    config = create_training_config(config)
+    hooks = dict(prompt_loader=prompt_loader, rollout_fn=rollout_fn, reward_fn=reward_fn, generator=generator,
+                 template_fn=template_fn, tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform,
+                 kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn, optimizer_step_fn=optimizer_step_fn,
+                 eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
+    loggers = check_train_arguments(config, hooks, logger, algorithm_config, model, tokenizer, initial_state, prompts,
+                                    system_prompt, progress, fn)
+    own_prompts = prompts is not None or prompt_loader is not None
+    task = _run_task(config, hooks, own_prompts)
+    algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
+    specs = _run_specs(algo, config)  # every algorithm of the run (a schedule: several), its settings checked
+    if teacher is not None and config.teacher is not None:
+        raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
+    dp = data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; else OneProcess()
+    writer = dp.process_rank() == 0  # the process that writes the run's files: the only one, or rank 0
+    if config.fsdp and isinstance(dp, OneProcess):
+        raise ValueError(f"{fn}: fsdp=True shards the model over several processes, but this is one; launch with "
+                         "`torchrun --nproc_per_node N -m rlnb.cli train ...`, or set fsdp=False (a checkpoint of a "
+                         "sharded run resumes in one process with fsdp=False)")
+    with _one_training_per_process(config, fn), output_lock(config, writer):  # one writer per output_dir
+        metrics_path, ckpt_path = output_paths(config, fn)
+        dp.check_distributed_config(config)  # several processes: the same config everywhere, after each one's checks
+        set_seed(config.seed)
+        data = prompts if own_prompts else task  # what the prompts come from: the run's start records it
+        state, tokenizer = _first_state(config, initial_state, model, tokenizer, first, data)
+        teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
+        needed_by = next((n for n, s in specs.items() if s.needs_teacher), None)  # opd: a teacher is required
+        state = attach_teacher(state, tokenizer, teacher, needed_by, config.dtype, fn)  # chapter *KL*
+        with _torch_threads(default_num_threads(state.model, config.num_threads)):
+            if config.resume:
+                state = resumed_state(state, config, ckpt_path, metrics_path, prompts, specs.values(), writer, fn)
+            if config.fsdp: state = dp.shard_training_state(state)  # FSDP (chapter *Several processes*): after resume
+            warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
+            prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
+            prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # several: this rank's block
+            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn, specs.values())
+            if eval_fn is None and config.eval_every and not own_prompts:
+                eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
+            loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
+                                                    progress)
+            if config.fsdp:  # every rank joins the gathers of sampling, evaluation and checkpoints (rank 0 writes)
+                rollout_fn, eval_fn, checkpoint_fn = dp.sharded_hooks(rollout_fn, eval_fn, checkpoint_fn, writer)
+            elif not writer: checkpoint_fn, eval_fn = None, None  # rank 0 saves, evaluates
+            if not writer: loggers = []  # and logs
+            if progress and writer and _evaluates_first(state, config, eval_fn):  # minutes on a real model
+                print(f"{fn}: evaluating the starting model before iteration 1", flush=True)
+            return _loop(state, prompt_loader=prompt_loader, eval_fn=eval_fn, loggers=loggers,
+                         checkpoint_fn=checkpoint_fn, stop_fn=stop_fn, tokenizer=tokenizer, config=config,
+                         rollout_fn=rollout_fn, algorithm_config=algo, loss_fn=loss_fn,
+                         reward_transform=reward_transform, kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn,
+                         optimizer_step_fn=optimizer_step_fn, iteration_hook=iteration_hook)
+
+# %% ../nbs/43_training.ipynb #a51f34d5
+def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: list, checkpoint_fn, stop_fn,
+          **loop_hooks) -> TrainingState:
+    "The body of `train`: iterate, log, evaluate, checkpoint, stop. `loop_hooks`: training_iteration's keywords."
+    config, iteration_hook = loop_hooks["config"], loop_hooks["iteration_hook"]
+    emit = lambda s, st: [log(s, st) for log in loggers]
+    def evaluate(s):
+        st = _eval_stats(s.optimizer.param_groups[0]["lr"], eval_fn(s))
+        emit(s, st)
+        return st.custom_metrics
+    if _evaluates_first(state, config, eval_fn): evaluate(state)
+    ahead = (_RolloutsAhead(loop_hooks["rollout_fn"], loop_hooks["tokenizer"], config) if config.off_policy_steps
+             else None)
+    state = _restored_pending(state, ahead)
+    t0, skipped, dp = time.perf_counter(), 0, data_parallel()  # dp: one process, or several
+    with SoftInterrupt(_STOPPING) as stopping, _shut_down_after(ahead):  # a first Ctrl-C: stop after this iteration
+        try:
+            while state.iteration < config.num_iterations:
+                under_way = state.iteration + 1  # counted from 1: the iteration a dead rank's error names
+                prompts, batch, timing = None, None, {}
+                if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
+                else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
+                state, batch, stats = training_iteration(state, prompts, batch=batch, **loop_hooks)
+                stats = stats._replace(custom_metrics={**stats.custom_metrics, **timing})
+                if len(batch) == 0:  # nothing trained this time
+                    skipped += 1
+                    if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
+                emit(state, stats)
+                out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
+                done = state.iteration >= config.num_iterations or out_of_time
+                metrics = dict(stats.custom_metrics)
+                if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
+                    metrics.update(evaluate(state))
+                stop = (stop_fn is not None and _checked_stop(stop_fn(state, metrics))) or stopping.requested
+                done = dp.any_rank(done or stop)  # several processes stop together: rank 0 alone evaluated
+                every = config.checkpoint_every
+                if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
+                    checkpoint_fn(state if ahead is None else ahead.saved_with(state))
+                if done or stop: break
+        except (Exception, KeyboardInterrupt) as e:  # several processes: a rank died or was stopped at once (chapter
+            # *Several processes*, later): one line naming the checkpoint; else raised as it is
+            failure = dp.rank_failure(e, under_way, config)
+            if failure is None: raise
+            raise failure from e
+    if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
+    # several processes return together (rank 0's last checkpoint is on disk), and stop together if one was interrupted
+    if dp.any_rank(stopping.requested): raise _stopped(state, config, saved=dp.any_rank(checkpoint_fn is not None))
+    return state
 
 # %% ../nbs/43_training.ipynb #6e7f9381
 def build_policy(
@@ -298,92 +433,6 @@ def _one_training_per_process(config: TrainingConfig, fn: str = "train"):
         with _RUNNING_LOCK:
             if outer is None: _RUNNING.pop(key, None)
 
-# %% ../nbs/43_training.ipynb #bf221e60
-def train(
-    config: TrainingConfig | None = None,  # every knob of the run (None = the defaults); see rlnb.core.TrainingConfig
-    *,  # the rest by name: two hooks of one kind cannot be swapped by position
-    model=None,  # the policy (None = load config.model); gets LoRA of rank config.lora_r unless it has adapters
-    tokenizer=None,  # its tokenizer (required with `model` or `initial_state`)
-    initial_state: TrainingState | None = None,  # a ready state (model, optimizer, ...) instead of `model`
-    # a fixed list of prompts (or TaskExamples) read in seeded epochs, or a DataBuffer
-    prompts: Sequence | DataBuffer | None = None,
-    prompt_loader: Callable | None = None,  # iteration -> prompts; None = `prompts`, else config.task's sampler
-    rollout_fn: Callable | None = None,  # (model, tokenizer, prompts, config) -> Batch; None = create_rollout_fn(...)
-    reward_fn: Callable | None = None,  # rollout -> reward; None = config.task's
-    generator: Callable | None = None,  # (model, tokenizer, prompts, gen_config) -> list[Generation]
-    template_fn: Callable | None = None,  # (conversation, tokenizer) -> prompt text
-    tool_parser: Callable | None = None,  # completion text -> tool calls
-    system_prompt: str | None = None,  # system message for plain prompts (None = the task's)
-    # a config dict or iteration -> config (switching); None = from config
-    algorithm_config: Mapping | Callable | None = None,
-    loss_fn: Callable | None = None,  # (batch, logprobs, algorithm_config) -> (loss, metrics)
-    reward_transform: Callable | None = None,  # (rewards, group_ids, rollouts) -> (B,)
-    kl_fn: Callable | None = None,  # (logprobs, ref_logprobs) -> (B, C)
-    ref_model_update_fn: Callable | None = None,  # (ref_model, policy, step) -> ref_model
-    optimizer_step_fn: Callable | None = None,  # (state, max_grad_norm) -> grad norm
-    eval_fn: Callable | None = None,  # state -> {name: value}; None = greedy accuracy on config.task
-    logger: Callable | Sequence[Callable] | None = None,  # (state, stats) -> None, or a list of them
-    checkpoint_fn: Callable | None = None,  # state -> None; None = save_checkpoint into config.output_dir
-    iteration_hook: Callable | None = None,  # (state, batch) -> None or a new Batch
-    # (state, metrics) -> True to stop early (metrics include eval/ ones when evaluated)
-    stop_fn: Callable | None = None,
-    progress: bool = True,  # print a text progress line every ~10% of the run
-    teacher: torch.nn.Module | str | None = None,  # a model on the policy's tokenizer to distill from (opd)
-) -> TrainingState:
-    "Run rollout-then-update iterations until config.num_iterations, with evaluation, logging, checkpoints and resume."
-    fn = "train"
-    config = create_training_config(config)
-    hooks = dict(prompt_loader=prompt_loader, rollout_fn=rollout_fn, reward_fn=reward_fn, generator=generator,
-                 template_fn=template_fn, tool_parser=tool_parser, loss_fn=loss_fn, reward_transform=reward_transform,
-                 kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn, optimizer_step_fn=optimizer_step_fn,
-                 eval_fn=eval_fn, checkpoint_fn=checkpoint_fn, iteration_hook=iteration_hook, stop_fn=stop_fn)
-    loggers = check_train_arguments(config, hooks, logger, algorithm_config, model, tokenizer, initial_state, prompts,
-                                    system_prompt, progress, fn)
-    own_prompts = prompts is not None or prompt_loader is not None
-    task = _run_task(config, hooks, own_prompts)
-    algo, first, spec = _algorithm(config, algorithm_config, loss_fn, fn)
-    specs = _run_specs(algo, config)  # every algorithm of the run (a schedule: several), its settings checked
-    if teacher is not None and config.teacher is not None:
-        raise ValueError(f"{fn}: pass `teacher` or set config.teacher={config.teacher!r}, not both")
-    dp = data_parallel(start=True)  # several processes (WORLD_SIZE > 1): join their group; else OneProcess()
-    writer = dp.process_rank() == 0  # the process that writes the run's files: the only one, or rank 0
-    if config.fsdp and isinstance(dp, OneProcess):
-        raise ValueError(f"{fn}: fsdp=True shards the model over several processes, but this is one; launch with "
-                         "`torchrun --nproc_per_node N -m rlnb.cli train ...`, or set fsdp=False (a checkpoint of a "
-                         "sharded run resumes in one process with fsdp=False)")
-    with _one_training_per_process(config, fn), output_lock(config, writer):  # one writer per output_dir
-        metrics_path, ckpt_path = output_paths(config, fn)
-        dp.check_distributed_config(config)  # several processes: the same config everywhere, after each one's checks
-        set_seed(config.seed)
-        data = prompts if own_prompts else task  # what the prompts come from: the run's start records it
-        state, tokenizer = _first_state(config, initial_state, model, tokenizer, first, data)
-        teacher = config.teacher if teacher is None else teacher  # a model, a name, or None
-        needed_by = next((n for n, s in specs.items() if s.needs_teacher), None)  # opd: a teacher is required
-        state = attach_teacher(state, tokenizer, teacher, needed_by, config.dtype, fn)  # chapter *KL*
-        with _torch_threads(default_num_threads(state.model, config.num_threads)):
-            if config.resume:
-                state = resumed_state(state, config, ckpt_path, metrics_path, prompts, specs.values(), writer, fn)
-            if config.fsdp: state = dp.shard_training_state(state)  # FSDP (chapter *Several processes*): after resume
-            warn_unused_hooks(state, kl_fn, ref_model_update_fn, fn)
-            prompt_loader, buffer, source = _wired_prompts(config, prompts, prompt_loader, task)
-            prompt_loader = dp.create_sharded_prompt_loader(prompt_loader, config.seed)  # several: this rank's block
-            rollout_fn = _wired_rollout_fn(config, spec, task, hooks, system_prompt, source, fn, specs.values())
-            if eval_fn is None and config.eval_every and not own_prompts:
-                eval_fn = create_eval_fn(task, tokenizer, config.eval_size, max_new_tokens=config.max_new_tokens)
-            loggers, checkpoint_fn = _wired_outputs(config, loggers, checkpoint_fn, metrics_path, ckpt_path, buffer,
-                                                    progress)
-            if config.fsdp:  # every rank joins the gathers of sampling, evaluation and checkpoints (rank 0 writes)
-                rollout_fn, eval_fn, checkpoint_fn = dp.sharded_hooks(rollout_fn, eval_fn, checkpoint_fn, writer)
-            elif not writer: checkpoint_fn, eval_fn = None, None  # rank 0 saves, evaluates
-            if not writer: loggers = []  # and logs
-            if progress and writer and _evaluates_first(state, config, eval_fn):  # minutes on a real model
-                print(f"{fn}: evaluating the starting model before iteration 1", flush=True)
-            return _loop(state, prompt_loader=prompt_loader, eval_fn=eval_fn, loggers=loggers,
-                         checkpoint_fn=checkpoint_fn, stop_fn=stop_fn, tokenizer=tokenizer, config=config,
-                         rollout_fn=rollout_fn, algorithm_config=algo, loss_fn=loss_fn,
-                         reward_transform=reward_transform, kl_fn=kl_fn, ref_model_update_fn=ref_model_update_fn,
-                         optimizer_step_fn=optimizer_step_fn, iteration_hook=iteration_hook)
-
 # %% ../nbs/43_training.ipynb #2317b0fd
 def _eval_stats(lr: float, metrics: Mapping[str, float]) -> TrainingStats:
     "An evaluation's metrics as a TrainingStats row: `eval_fn` must return {name: number}."
@@ -513,52 +562,3 @@ def _stopped(state: TrainingState, config: TrainingConfig, saved: bool) -> Keybo
             else "checkpoint_fn saved it" if saved
             else "nothing was saved (no output_dir); the model holds its weights")
     return KeyboardInterrupt(f"train: stopped after iteration {state.iteration} of {config.num_iterations}; {then}")
-
-
-def _loop(state: TrainingState, *, prompt_loader: Callable, eval_fn, loggers: list, checkpoint_fn, stop_fn,
-          **loop_hooks) -> TrainingState:
-    "The body of `train`: iterate, log, evaluate, checkpoint, stop. `loop_hooks`: training_iteration's keywords."
-    config, iteration_hook = loop_hooks["config"], loop_hooks["iteration_hook"]
-    emit = lambda s, st: [log(s, st) for log in loggers]
-    def evaluate(s):
-        st = _eval_stats(s.optimizer.param_groups[0]["lr"], eval_fn(s))
-        emit(s, st)
-        return st.custom_metrics
-    if _evaluates_first(state, config, eval_fn): evaluate(state)
-    ahead = (_RolloutsAhead(loop_hooks["rollout_fn"], loop_hooks["tokenizer"], config) if config.off_policy_steps
-             else None)
-    state = _restored_pending(state, ahead)
-    t0, skipped, dp = time.perf_counter(), 0, data_parallel()  # dp: one process, or several
-    with SoftInterrupt(_STOPPING) as stopping, _shut_down_after(ahead):  # a first Ctrl-C: stop after this iteration
-        try:
-            while state.iteration < config.num_iterations:
-                under_way = state.iteration + 1  # counted from 1: the iteration a dead rank's error names
-                prompts, batch, timing = None, None, {}
-                if ahead is None: prompts = _next_prompts(prompt_loader, state.iteration)
-                else: batch, timing = _sampled_ahead(ahead, state, prompt_loader, config)
-                state, batch, stats = training_iteration(state, prompts, batch=batch, **loop_hooks)
-                stats = stats._replace(custom_metrics={**stats.custom_metrics, **timing})
-                if len(batch) == 0:  # nothing trained this time
-                    skipped += 1
-                    if skipped == 1: _warn_skipped(state.iteration - 1, stats, iteration_hook)
-                emit(state, stats)
-                out_of_time = config.max_seconds is not None and time.perf_counter() - t0 > config.max_seconds
-                done = state.iteration >= config.num_iterations or out_of_time
-                metrics = dict(stats.custom_metrics)
-                if eval_fn is not None and config.eval_every and (state.iteration % config.eval_every == 0 or done):
-                    metrics.update(evaluate(state))
-                stop = (stop_fn is not None and _checked_stop(stop_fn(state, metrics))) or stopping.requested
-                done = dp.any_rank(done or stop)  # several processes stop together: rank 0 alone evaluated
-                every = config.checkpoint_every
-                if checkpoint_fn is not None and ((every and state.iteration % every == 0) or done or stop):
-                    checkpoint_fn(state if ahead is None else ahead.saved_with(state))
-                if done or stop: break
-        except (Exception, KeyboardInterrupt) as e:  # several processes: a rank died or was stopped at once (chapter
-            # *Several processes*, later): one line naming the checkpoint; else raised as it is
-            failure = dp.rank_failure(e, under_way, config)
-            if failure is None: raise
-            raise failure from e
-    if skipped > 1: warnings.warn(f"train: {skipped} iterations of this run had nothing to train on and were skipped")
-    # several processes return together (rank 0's last checkpoint is on disk), and stop together if one was interrupted
-    if dp.any_rank(stopping.requested): raise _stopped(state, config, saved=dp.any_rank(checkpoint_fn is not None))
-    return state
