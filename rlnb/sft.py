@@ -83,8 +83,9 @@ def sft_loss(
     algorithm_config=None,  # unused (the `loss_fn` contract)
 ) -> tuple[Tensor, dict[str, float]]:
     "Mean negative log-likelihood of the masked target tokens."
-    mask = batch.loss_mask.to(logprobs.dtype)  # (B, C)
-    nll = -(torch.where(mask > 0, logprobs, torch.zeros_like(logprobs)) * mask).sum() / mask.sum().clamp(min=1)
+    mask = batch.loss_mask.to(logprobs.dtype)  # (B, C) m: 1 on the answer tokens, 0 on padding and untrained turns
+    token_logprobs = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))  # (B, C) log pi(y_t | ...), 0 off m
+    nll = -(token_logprobs * mask).sum() / mask.sum().clamp(min=1)  # () the mean over the masked tokens, negated
     return nll, {"loss/sft": nll.item()}
 
 # %% ../nbs/44_sft.ipynb #04250442
