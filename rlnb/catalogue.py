@@ -42,7 +42,7 @@ def compute_rloo_advantages(
 # %% ../nbs/31_catalogue.ipynb #6908c13a
 register_algorithm("rloo", AlgorithmSpec(compute_rloo_advantages, grpo_loss, MappingProxyType(dict(
     clip_eps=0.2, clip_eps_high=None, beta=0.0, aggregation="sequence_mean", max_completion_length=None, kl_fn=None)),
-    check_config=check_clip_config))
+    check_config=check_clip_config));
 
 # %% ../nbs/31_catalogue.ipynb #b9b26eda
 def _batch_mean_baseline(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -109,7 +109,7 @@ def reinforce_loss(
 # %% ../nbs/31_catalogue.ipynb #2c84a7e6
 register_algorithm("reinforce", AlgorithmSpec(compute_reinforce_advantages, reinforce_loss, MappingProxyType(dict(
     baseline_fn=None, beta=0.0, aggregation="token_mean", max_completion_length=None, kl_fn=None)),
-    group_relative=False))
+    group_relative=False));
 
 # %% ../nbs/31_catalogue.ipynb #43e24424
 DAPO_DEFAULTS = MappingProxyType({
@@ -206,7 +206,7 @@ def gspo_loss(
 register_algorithm("gspo", AlgorithmSpec(compute_grpo_advantages, gspo_loss, MappingProxyType(dict(
     scale="group", eps=1e-4, clip_eps=3e-4, clip_eps_high=4e-4, beta=0.0, aggregation="sequence_mean",
     max_completion_length=None, kl_fn=None)), correction_level="sequence",  # one advantage and ratio per sequence
-    check_config=check_clip_config))
+    check_config=check_clip_config));
 
 # %% ../nbs/31_catalogue.ipynb #3950e868
 def compute_reinforce_pp_advantages(
@@ -242,4 +242,4 @@ def reinforce_pp_loss(
 register_algorithm("reinforce++", AlgorithmSpec(
     compute_reinforce_pp_advantages, reinforce_pp_loss,
     MappingProxyType(dict(eps=1e-4, clip_eps=0.2, beta=0.01, kl_estimator="k3", kl_fn=None)), group_relative=False,
-    check_config=check_clip_config))
+    check_config=check_clip_config));

@@ -15,7 +15,8 @@ from torch import Tensor
 
 from .checks import check_2d, check_finite, check_finite_number
 from .algorithms import (AGGREGATIONS, ALGORITHMS, AlgorithmSpec, advantages_2d, check_clip_config,
-                             compute_grpo_advantages, grpo_loss, masked_means, policy_and_kl_losses)
+                             compute_grpo_advantages, grpo_loss, masked_means, policy_and_kl_losses,
+                             register_algorithm)
 
 # %% auto #0
 __all__ = ['DPPO_DIVERGENCES', 'PolicyTokens', 'policy_tokens', 'finish_policy_loss', 'cispo_loss', 'sapo_gate', 'sapo_loss',
@@ -333,13 +334,13 @@ def kl_cov_loss(
 _COMMON = dict(beta=0.0, max_completion_length=None, kl_fn=None)
 _GRPO_ADV = dict(scale="group", eps=1e-4)
 
-ALGORITHMS["cispo"] = AlgorithmSpec(compute_grpo_advantages, cispo_loss, MappingProxyType(dict(
-    **_GRPO_ADV, clip_eps=None, clip_eps_high=4.0, aggregation="token_mean", **_COMMON)))
-ALGORITHMS["sapo"] = AlgorithmSpec(compute_grpo_advantages, sapo_loss, MappingProxyType(dict(
-    **_GRPO_ADV, tau_pos=1.0, tau_neg=1.05, aggregation="sequence_mean", **_COMMON)))
-ALGORITHMS["gmpo"] = AlgorithmSpec(compute_grpo_advantages, gmpo_loss, MappingProxyType(dict(
+register_algorithm("cispo", AlgorithmSpec(compute_grpo_advantages, cispo_loss, MappingProxyType(dict(
+    **_GRPO_ADV, clip_eps=None, clip_eps_high=4.0, aggregation="token_mean", **_COMMON))))
+register_algorithm("sapo", AlgorithmSpec(compute_grpo_advantages, sapo_loss, MappingProxyType(dict(
+    **_GRPO_ADV, tau_pos=1.0, tau_neg=1.05, aggregation="sequence_mean", **_COMMON))))
+register_algorithm("gmpo", AlgorithmSpec(compute_grpo_advantages, gmpo_loss, MappingProxyType(dict(
     **_GRPO_ADV, clip_eps=0.4, clip_eps_high=None, aggregation="sequence_mean", **_COMMON)),
-    correction_level="sequence")  # one ratio per sequence: a correction weighs the row
+    correction_level="sequence"))  # one ratio per sequence: a correction weighs the row
 # the paper's recipe: Dr. GRPO's advantages (no std) and constant averaging, TV bound 0.15, no ratio cap
 def _check_dppo_config(algorithm_config, run_config) -> None:
     "A run of dppo: a ratio cap of 0 or below would weigh every token's gradient by 0."
@@ -349,12 +350,12 @@ def _check_dppo_config(algorithm_config, run_config) -> None:
                          "give a cap > 0, or None for no cap")
 
 
-ALGORITHMS["dppo"] = AlgorithmSpec(compute_grpo_advantages, dppo_loss, MappingProxyType(dict(
+register_algorithm("dppo", AlgorithmSpec(compute_grpo_advantages, dppo_loss, MappingProxyType(dict(
     scale="none", eps=1e-4, clip_eps=0.15, clip_eps_high=None, divergence="tv", ratio_cap=None,
-    aggregation="constant", **_COMMON)), check_config=_check_dppo_config)
-ALGORITHMS["clip_cov"] = AlgorithmSpec(compute_clip_cov_advantages, grpo_loss, MappingProxyType(dict(
+    aggregation="constant", **_COMMON)), check_config=_check_dppo_config))
+register_algorithm("clip_cov", AlgorithmSpec(compute_clip_cov_advantages, grpo_loss, MappingProxyType(dict(
     **_GRPO_ADV, clip_cov_ratio=2e-4, clip_cov_low=1.0, clip_cov_high=5.0, clip_eps=0.2, clip_eps_high=None,
     aggregation="token_mean", log_ratio_clip=None, dual_clip=None, **_COMMON)),
-    needs_old_logprobs=True, check_config=check_clip_config)  # the covariance of log pi_old and A picks the tokens
-ALGORITHMS["kl_cov"] = AlgorithmSpec(compute_grpo_advantages, kl_cov_loss, MappingProxyType(dict(
-    **_GRPO_ADV, kl_cov_ratio=2e-3, kl_cov_coef=1.0, aggregation="token_mean", **_COMMON)))
+    needs_old_logprobs=True, check_config=check_clip_config))  # the covariance of log pi_old and A picks the tokens
+register_algorithm("kl_cov", AlgorithmSpec(compute_grpo_advantages, kl_cov_loss, MappingProxyType(dict(
+    **_GRPO_ADV, kl_cov_ratio=2e-3, kl_cov_coef=1.0, aggregation="token_mean", **_COMMON))));
