@@ -3,8 +3,10 @@
 Modules, in the order data flows through a run: `rlnb.core` (records, `collate`, the run config `TrainingConfig`,
 shared helpers), `rlnb.checks` (the argument checks of the losses), `rlnb.cache` (folders built once), `rlnb.tasks`
 (verifiable tasks, dataset loaders), `rlnb.models` (models and tokenizers, `MODEL_LOADERS`, LoRA),
-`rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.generation`
-(batched sampling, shared prompt prefill), `rlnb.logprobs` (log-probs of sampled tokens), `rlnb.tools` (tool calls),
+`rlnb.real_models` (SmolLM2 and any GGUF file, offline), `rlnb.chat` (chat templates, thinking), `rlnb.decoding`
+(drawing a batch's tokens: left padding, log-probs while sampling, stop strings), `rlnb.prefill` (one prefill per
+distinct prompt, LoRA folded while sampling), `rlnb.generation` (batched sampling, `batch_generate`), `rlnb.logprobs`
+(log-probs of sampled tokens), `rlnb.tools` (tool calls),
 `rlnb.rewards` (reward functions, checked), `rlnb.reward_transforms` (aggregation, normalisation, Pareto
 ranks, shaping, the reward transform), `rlnb.reward_models` (reward models), `rlnb.kl` (KL estimators, reference
 models), `rlnb.rollouts` (grouped rollouts, `rollout_fn`, prompt loaders), `rlnb.sampling`
@@ -52,6 +54,8 @@ from .tasks import *
 from .models import *
 from .real_models import *  # registers "smollm2" and ".gguf" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
 from .chat import *
+from .decoding import *  # left_pad, encode_prompts, eos_token_ids, generation_mode: drawing a batch's tokens
+from .prefill import *  # distinct_prompts, prefill_prompts, can_share_prompts, merged_lora: one prompt, n samples
 from .generation import *
 from .logprobs import *
 from .tools import *

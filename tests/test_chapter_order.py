@@ -117,7 +117,7 @@ def test_under_the_hood_is_the_last_part():
 @pytest.mark.parametrize("source, chapter, expected", [
     ("from rlnb.training import train", "00_from_scratch", "uses rlnb.training"),
     ("import rlnb\nrlnb.train(config)", "10_core", "uses rlnb.training"),
-    ("from rlnb import quick_start_training", "20_generation", "uses rlnb.quickstart"),
+    ("from rlnb import quick_start_training", "20b_generation", "uses rlnb.quickstart"),
     ("import rlnb.distributed", "60_tools", "uses rlnb.distributed"),
 ])
 def test_a_forward_use_is_found(source, chapter, expected, monkeypatch):
@@ -132,8 +132,8 @@ def test_exported_code_may_stand_on_the_hood_but_a_reader_cell_may_not(monkeypat
     real = code_cells
     cell = "from rlnb.cache import build_atomically"
     monkeypatch.setattr(sys.modules[__name__], "code_cells",
-                        lambda c: real(c) + [(True, cell)] if c == "20_generation" else real(c))
-    assert not any(p.startswith("20_generation") for p in forward_uses())
+                        lambda c: real(c) + [(True, cell)] if c == "20_decoding" else real(c))
+    assert not any(p.startswith("20_decoding") for p in forward_uses())
     monkeypatch.setattr(sys.modules[__name__], "code_cells",
-                        lambda c: real(c) + [(False, cell)] if c == "20_generation" else real(c))
-    assert "20_generation (a reader's cell) uses rlnb.cache, taught later in 90_cache" in forward_uses()
+                        lambda c: real(c) + [(False, cell)] if c == "20_decoding" else real(c))
+    assert "20_decoding (a reader's cell) uses rlnb.cache, taught later in 90_cache" in forward_uses()

@@ -301,10 +301,11 @@ def test_tools_never_eval_and_time_out():
 
 def test_the_inverse_cdf_sampler_inside_generate(tiny, monkeypatch):
     "Forced on the tiny model's small vocabulary: first-token frequencies follow the softmax, and top-k holds."
+    import rlnb.decoding as D
     import rlnb.generation as G
     from rlnb.chat import format_prompt
     model, tok = tiny
-    monkeypatch.setattr(G, "INVERSE_CDF_MIN_VOCAB", 0)  # SmolLM2-sized vocabularies use it; here it is forced
+    monkeypatch.setattr(D, "INVERSE_CDF_MIN_VOCAB", 0)  # SmolLM2-sized vocabularies use it; here it is forced
     prompt = format_prompt("49+97=", tok)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     with torch.no_grad(): p = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)  # (V,)

@@ -1,6 +1,6 @@
 """Execute notebooks top to bottom in place, so they are committed with their outputs (plots show on GitHub).
 
-    python tools/run_notebooks.py nbs/20_generation.ipynb [more.ipynb ...] [--timeout 900]
+    python tools/run_notebooks.py nbs/20b_generation.ipynb [more.ipynb ...] [--timeout 900]
 
 Each runs in a fresh kernel from its own folder with one torch thread (the tests' setting); cells tagged by nbdev
 flags (`#| slow`, `#| gpu`, `#| vllm`, `#| notest`) are run too, unless --skip-flagged (not run, their outputs

@@ -1,7 +1,7 @@
 """Run the notebooks' tests as nbdev-test does (nbdev's `test_nb`, the `tst_flags` cells skipped), several at a time,
 printing a line per notebook as it ends and a summary; exit status 1 if any failed.
 
-    python tools/test_notebooks.py [--workers 2] [--flags "slow"] [--summary FILE] [nbs/20_generation.ipynb ...]
+    python tools/test_notebooks.py [--workers 2] [--flags "slow"] [--summary FILE] [nbs/20b_generation.ipynb ...]
 
 Without notebooks: every notebook in nbs/ but the papermill templates of nbs/experiments/ (tests/test_experiment.py
 runs those as papermill does) and files starting with `_` or `.`. A failing notebook's traceback goes to stderr."""
