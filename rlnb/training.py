@@ -322,7 +322,8 @@ def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | No
 
 # %% ../nbs/43_training.ipynb #dd6a7360
 # {config.generator: a function of no arguments that returns its `generator` hook (None: transformers on the policy
-# itself)}. An engine plugs in here by name: chapter *vLLM as the sampler* (part 7) adds "vllm" and "vllm_bf16".
+# itself)}. An engine plugs in here by name: chapter *Inference engines in the loop* (part 7) adds "vllm" and
+# "vllm_bf16".
 SAMPLERS: dict[str, Callable[[], Callable | None]] = {"hf": lambda: None,
                                                       "hf_bf16": lambda: create_hf_generator("bfloat16")}
 
