@@ -22,10 +22,10 @@ from .rollouts import split_prompts
 from .loggers import reward_metrics
 
 # %% auto #0
-__all__ = ['world_size', 'process_rank', 'close_distributed', 'distributed_timeouts', 'launch_setting', 'init_distributed',
-           'config_digest', 'check_distributed_config', 'check_same_prompts', 'RankFailedError', 'rank_failure',
-           'shard_prompts', 'rank_seed', 'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages',
-           'loss_share', 'all_reduce_gradients', 'averaged_step', 'reduced_stats', 'any_rank', 'is_sharded',
+__all__ = ['world_size', 'process_rank', 'launch_setting', 'init_distributed', 'close_distributed', 'shard_prompts', 'rank_seed',
+           'create_sharded_prompt_loader', 'sync_parameters', 'batch_advantages', 'loss_share', 'all_reduce_gradients',
+           'averaged_step', 'reduced_stats', 'any_rank', 'distributed_timeouts', 'config_digest',
+           'check_distributed_config', 'check_same_prompts', 'RankFailedError', 'rank_failure', 'is_sharded',
            'decoder_layers', 'shard_module', 'shard_training_state', 'full_parameters', 'full_training_state',
            'sharded_hooks', 'even_micro_batches', 'sharded_micro_batches']
 
@@ -44,43 +44,6 @@ def _device() -> torch.device:
     "Where the group's small tensors live: the current GPU for nccl, the CPU for gloo."
     nccl = dist.is_initialized() and dist.get_backend() == "nccl"
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-
-# %% ../nbs/71_distributed.ipynb #78411713
-_failed = False  # set by rank_failure and by Ctrl-C (below, *When a rank dies*): the run broke off, nobody to wait for
-
-
-def close_distributed(
-    timeout: float = 30.0,  # seconds to wait for the other ranks (gloo) before leaving anyway
-) -> None:
-    "Leave the process group together: wait for every rank, then destroy the group (nothing without a group)."
-    if not (dist.is_available() and dist.is_initialized()): return
-    on_error = _failed or getattr(sys, "last_value", None) is not None  # at exit: an uncaught error was printed
-    try:  # a rank that tears down its sockets while a peer still reads them can abort that peer (gloo)
-        if on_error: pass  # a peer may be gone, or blocked in a collective call this rank never joins
-        elif dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
-        else: dist.barrier()
-    except RuntimeError: pass  # a rank died or stayed behind: leave anyway, its launcher reports it
-    dist.destroy_process_group()
-
-# %% ../nbs/71_distributed.ipynb #e9f98b70
-_TIMEOUTS = {"RLNB_START_TIMEOUT": 120.0, "RLNB_COLLECTIVE_TIMEOUT": 600.0}  # seconds, when unset
-
-
-def _seconds(name: str) -> float:
-    "The environment variable `name` as seconds (_TIMEOUTS when unset); refused unless above 0 and at most a week."
-    default, text = _TIMEOUTS[name], os.environ.get(name, "").strip()
-    if not text: return default
-    try: value = float(text)
-    except ValueError: value = math.nan
-    if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
-        raise ValueError(f"init_distributed: {name}={text!r} must be a number of seconds above 0 and at most a week "
-                         f"(604800); unset, it is {default:g}")
-    return value
-
-
-def distributed_timeouts() -> tuple[float, float]:  # (start, collective call), in seconds
-    "How long joining the group waits for every process, and a collective call for its peers: from the environment."
-    return _seconds("RLNB_START_TIMEOUT"), _seconds("RLNB_COLLECTIVE_TIMEOUT")
 
 # %% ../nbs/71_distributed.ipynb #68aff8ac
 def launch_setting(
@@ -123,6 +86,237 @@ def init_distributed(
     return dist.get_world_size()
 
 
+# %% ../nbs/71_distributed.ipynb #78411713
+_failed = False  # set by rank_failure and by Ctrl-C (below, *When a rank dies*): the run broke off, nobody to wait for
+
+
+def close_distributed(
+    timeout: float = 30.0,  # seconds to wait for the other ranks (gloo) before leaving anyway
+) -> None:
+    "Leave the process group together: wait for every rank, then destroy the group (nothing without a group)."
+    if not (dist.is_available() and dist.is_initialized()): return
+    on_error = _failed or getattr(sys, "last_value", None) is not None  # at exit: an uncaught error was printed
+    try:  # a rank that tears down its sockets while a peer still reads them can abort that peer (gloo)
+        if on_error: pass  # a peer may be gone, or blocked in a collective call this rank never joins
+        elif dist.get_backend() == "gloo": dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
+        else: dist.barrier()
+    except RuntimeError: pass  # a rank died or stayed behind: leave anyway, its launcher reports it
+    dist.destroy_process_group()
+
+# %% ../nbs/71_distributed.ipynb #05f0adee
+def shard_prompts(
+    prompts: Sequence,  # the iteration's prompts, the same list on every rank
+    rank: int,  # this process's rank
+    world: int,  # how many processes share them
+) -> list:  # prompts[rank * k : (rank + 1) * k], k = len(prompts) // world
+    "This rank's share of the iteration's prompts: a contiguous block, so ranks in order give the single-process batch."
+    n = len(prompts)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"shard_prompts: `rank`={rank} must be in 0..{world - 1} (`world`={world})")
+    if n % world:
+        raise ValueError(f"shard_prompts: {n} prompts do not split over {world} processes; "
+                         f"give a multiple of {world} (prompts_per_step)")
+    k = n // world
+    return list(prompts[rank * k:(rank + 1) * k])
+
+# %% ../nbs/71_distributed.ipynb #4ff984f8
+def rank_seed(
+    seed: int,  # the run's seed
+    iteration: int,  # the iteration about to sample
+    rank: int,  # the process
+) -> int:  # a seed in [0, 2**63)
+    "The seed a rank samples an iteration with: a function of (seed, iteration, rank) only, so a resume replays it."
+    text = f"rlnb.distributed:{seed}:{iteration}:{rank}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
+
+
+def create_sharded_prompt_loader(
+    prompt_loader: Callable,  # iteration -> the iteration's prompts (all ranks see the same list)
+    seed: int,  # the run's seed: each rank's sampling is reseeded from it every iteration
+    rank: int | None = None,  # this process (None: the process group's)
+    world: int | None = None,  # processes (None: the process group's)
+) -> Callable:  # iteration -> this rank's prompts
+    "A prompt loader that gives this rank its block of the iteration's prompts and reseeds its sampling."
+    rank_, world_ = process_rank() if rank is None else rank, world_size() if world is None else world
+    def loader(iteration):
+        prompts = split_prompts(prompt_loader(iteration))
+        check_same_prompts(prompts, iteration)  # several processes: the same list on every rank, or an error
+        prompts = shard_prompts(prompts, rank_, world_)
+        s = rank_seed(seed, iteration, rank_)
+        random.seed(s)
+        torch.manual_seed(s)
+        return prompts
+    return loader
+
+# %% ../nbs/71_distributed.ipynb #9ab71f92
+def sync_parameters(
+    state,  # a TrainingState: its model (and value head) are made equal to rank 0's
+) -> int:  # how many tensors were broadcast (0: all were in sync already)
+    "Broadcast from rank 0 every parameter not yet shared: the policy at the first step, PPO's head when it appears."
+    modules = [m for m in (state.model, state.value_head) if m is not None]
+    fresh = [p for m in modules for p in m.parameters()
+             if p.requires_grad and not getattr(p, "_rlnb_synced", False) and not _is_shard(p)]
+    for p in fresh:
+        dist.broadcast(p.data, src=0)
+        p._rlnb_synced = True
+    if is_sharded(state.model) and state.value_head is not None and not is_sharded(state.value_head):
+        shard_training_state(state)  # PPO's head, new at its first step: sharded like the policy
+    return len(fresh)
+
+
+def _is_shard(p: Tensor) -> bool:
+    "Whether `p` is a DTensor (FSDP's sharded parameter): FSDP, not rlnb, moves its data and its gradient."
+    from torch.distributed.tensor import DTensor
+    return isinstance(p, DTensor)
+
+# %% ../nbs/71_distributed.ipynb #755a39c2
+def _every_rank(obj) -> list:
+    "`obj` from every rank, in rank order: one all_gather_object (tensors travel on the CPU)."
+    parts = [None] * world_size()
+    dist.all_gather_object(parts, obj)
+    return parts
+
+
+def _joined(parts: list, width: int | None = None) -> Tensor:
+    "Every rank's rows, concatenated in rank order; (B, C) tensors right-padded with zeros to `width` columns."
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.ndim == 2 and width else t
+    return torch.cat([pad(t) for t in parts])
+
+
+def _global_groups(group_ids: Tensor, counts: Sequence[int], rank: int) -> Tensor:
+    "This rank's group labels shifted past the earlier ranks' groups (`counts`: groups per rank), so none collide."
+    return torch.where(group_ids >= 0, group_ids + sum(counts[:rank]), group_ids)
+
+
+def batch_advantages(
+    cb: CollatedBatch,  # this rank's collated batch (rewards transformed; PPO: old_values set)
+    algorithm_config: Mapping,  # {"name": ..., **knobs}: a registered algorithm
+) -> CollatedBatch:  # `cb` with the advantages (and returns) of its own rows
+    "The advantages of the whole batch (every rank's rows), computed once per rank, cut back to this rank's rows."
+    spec = find_algorithm(algorithm_config["name"])
+    names = ["rewards", "group_ids", *batch_fields_for(spec.advantage_fn, cb, ("rewards", "group_ids", "advantages"))]
+    names = [k for k in names if getattr(cb, k) is not None]
+    mine = {k: getattr(cb, k).detach().cpu() for k in names}
+    rng = torch.get_rng_state() if process_rank() == 0 else None  # rank 0's random stream, for every rank
+    parts = _every_rank((cb.completion_ids.shape[1], int(cb.group_ids.max()) + 1, mine, rng))  # one collective
+    width, counts, me = max(p[0] for p in parts), [p[1] for p in parts], process_rank()
+    for r, (_, _, fields, _) in enumerate(parts): fields["group_ids"] = _global_groups(fields["group_ids"], counts, r)
+    full = cb._replace(**{k: _joined([p[2][k] for p in parts], None if k == "rewards" else width)  # (B, K): as is
+                          .to(cb.rewards.device) for k in names})
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a random choice (clip_cov): one process's, everywhere
+        torch.set_rng_state(parts[0][3])
+        out = compute_batch_advantages(full, algorithm_config)
+    start = sum(p[2]["rewards"].shape[0] for p in parts[:me])
+    rows, C = slice(start, start + cb.rewards.shape[0]), cb.completion_ids.shape[1]
+    cut = lambda t: None if t is None else t[rows, :C] if t.ndim == 2 else t[rows]
+    return cb._replace(advantages=cut(out.advantages), returns=cut(out.returns))
+
+# %% ../nbs/71_distributed.ipynb #908ee02b
+def loss_share(
+    cb: CollatedBatch,  # this rank's batch, after any rollout correction
+    algorithm_config: Mapping,  # its "aggregation" decides tokens or rows
+    units: Tensor | None = None,  # (B,) the algorithm's own unit per row (AlgorithmSpec.loss_units: DPO's pairs)
+) -> float:  # this rank's units over every rank's
+    "This rank's weight in the batch loss: its share of what the loss averages over (pairs, tokens or rows)."
+    if units is not None: local = float(units.sum())  # a rank without a pair has no say (the others have pairs)
+    elif algorithm_config.get("aggregation", "token_mean") == "token_mean": local = float(cb.loss_mask.sum())
+    else: local = float(cb.loss_mask.shape[0])
+    total = torch.tensor([local], dtype=torch.float64, device=_device())
+    dist.all_reduce(total)
+    return local / float(total) if float(total) > 0 else 1.0 / world_size()
+
+# %% ../nbs/71_distributed.ipynb #79bf60a8
+def all_reduce_gradients(
+    params: Sequence[Tensor],  # the optimised parameters, in the same order on every rank
+    share: float,  # this rank's weight (loss_share): the sum over ranks of share x gradient is the batch gradient
+) -> None:
+    "Replace each gradient by the share-weighted sum of every rank's: one all-reduce of one flat float32 tensor."
+    if not params: return
+    device = params[0].device  # nccl reduces GPU tensors, gloo CPU ones
+    has = torch.tensor([float(p.grad is not None) for p in params], device=device)  # (n,): on some rank: on all
+    flat = torch.cat([(p.grad.float() * share if p.grad is not None else torch.zeros(p.numel(), device=device))
+                      .reshape(-1) for p in params] + [has])  # (sum of numel + n,)
+    dist.all_reduce(flat)
+    grads, seen = flat[:-len(params)].split([p.numel() for p in params]), flat[-len(params):]
+    for p, g, s in zip(params, grads, seen.tolist()): p.grad = g.view_as(p).to(p.dtype) if s > 0 else None
+
+
+def averaged_step(
+    step_fn: Callable,  # (state, max_grad_norm) -> grad norm: what steps the optimizer in one process
+    share: float,  # this rank's weight, from loss_share
+) -> Callable:  # the same step, taken on the all-reduced gradient
+    "`step_fn` preceded by the all-reduce of the gradients: every rank then takes the same optimizer step."
+    def step(state, max_grad_norm):
+        plain = [p for g in state.optimizer.param_groups for p in g["params"] if p.requires_grad and not _is_shard(p)]
+        all_reduce_gradients(plain, 1.0 if is_sharded(state.model) else share)  # sharded: each loss x share already
+        return step_fn(state, max_grad_norm)
+    return step
+
+# %% ../nbs/71_distributed.ipynb #e2445b58
+_SUMMED, _SHARED = ("tokens/generated",), ("lr", "grad_norm")  # added over ranks; the same on every rank
+
+
+def _pooled(parts: list) -> dict:
+    "Every rank's metrics as one dict: weighted by the ranks' shares, except counts (added) and shared values."
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    merged = dict(parts[0][0])
+    for k in merged:
+        values = [(m[k], s) for m, s, *_ in parts if k in m and num(m[k])]
+        if not values or k in _SHARED or not num(merged[k]): continue
+        if k in _SUMMED: merged[k] = sum(v for v, _ in values)
+        else: merged[k] = sum(v * s for v, s in values) / max(sum(s for _, s in values), 1e-12)
+    return merged
+
+
+def reduced_stats(
+    stats: TrainingStats,  # this rank's record of the step
+    cb: CollatedBatch,  # this rank's batch (its transformed rewards and groups)
+    raw_rewards: Tensor,  # (B,) or (B, K): the rewards before any transform
+    share: float,  # this rank's weight in the loss (loss_share)
+) -> TrainingStats:  # the step's record for the whole batch, the same on every rank
+    "The step's metrics over every rank: loss metrics weighted by each rank's share, rewards pooled, counts added."
+    rewards = tuple(t.detach().cpu() for t in (raw_rewards, cb.rewards, cb.group_ids))
+    parts = _every_rank((dict(stats.custom_metrics), share, int(cb.group_ids.max()) + 1, rewards))  # one collective
+    merged = _pooled(parts)
+    if cb.advantages is not None:  # the reward statistics of the whole batch, groups kept apart
+        counts = [g for _, _, g, _ in parts]
+        gids = [_global_groups(r[2], counts, k) for k, (_, _, _, r) in enumerate(parts)]
+        merged.update(reward_metrics(_joined([r[0] for *_, r in parts]), _joined([r[1] for *_, r in parts]),
+                                      _joined(gids)))
+    return stats._replace(loss=merged["loss/total"], kl_divergence=merged.get("kl/mean", 0.0),
+                          rewards_mean=merged.get("reward/mean", 0.0), rewards_std=merged.get("reward/std", 0.0),
+                          custom_metrics=merged)
+
+# %% ../nbs/71_distributed.ipynb #f58868eb
+def any_rank(
+    flag: bool,  # this rank's answer
+) -> bool:  # True if it is True on some rank
+    "Whether `flag` holds on any rank: a decision every rank must take together (skip a step, stop the run)."
+    t = torch.tensor([int(bool(flag))], device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+# %% ../nbs/71_distributed.ipynb #e9f98b70
+_TIMEOUTS = {"RLNB_START_TIMEOUT": 120.0, "RLNB_COLLECTIVE_TIMEOUT": 600.0}  # seconds, when unset
+
+
+def _seconds(name: str) -> float:
+    "The environment variable `name` as seconds (_TIMEOUTS when unset); refused unless above 0 and at most a week."
+    default, text = _TIMEOUTS[name], os.environ.get(name, "").strip()
+    if not text: return default
+    try: value = float(text)
+    except ValueError: value = math.nan
+    if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
+        raise ValueError(f"init_distributed: {name}={text!r} must be a number of seconds above 0 and at most a week "
+                         f"(604800); unset, it is {default:g}")
+    return value
+
+
+def distributed_timeouts() -> tuple[float, float]:  # (start, collective call), in seconds
+    "How long joining the group waits for every process, and a collective call for its peers: from the environment."
+    return _seconds("RLNB_START_TIMEOUT"), _seconds("RLNB_COLLECTIVE_TIMEOUT")
+
+# %% ../nbs/71_distributed.ipynb #b14c0a7e
 def _join(
     backend: str,  # "gloo" or "nccl"
     size: int,  # WORLD_SIZE
@@ -336,199 +530,6 @@ def rank_failure(
     what, why = _what_stopped(error, me, world)
     return RankFailedError(f"train: {what} during iteration {iteration} of {config.num_iterations} ({why}); "
                            f"{_saved(config)}")
-
-# %% ../nbs/71_distributed.ipynb #05f0adee
-def shard_prompts(
-    prompts: Sequence,  # the iteration's prompts, the same list on every rank
-    rank: int,  # this process's rank
-    world: int,  # how many processes share them
-) -> list:  # prompts[rank * k : (rank + 1) * k], k = len(prompts) // world
-    "This rank's share of the iteration's prompts: a contiguous block, so ranks in order give the single-process batch."
-    n = len(prompts)
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"shard_prompts: `rank`={rank} must be in 0..{world - 1} (`world`={world})")
-    if n % world:
-        raise ValueError(f"shard_prompts: {n} prompts do not split over {world} processes; "
-                         f"give a multiple of {world} (prompts_per_step)")
-    k = n // world
-    return list(prompts[rank * k:(rank + 1) * k])
-
-# %% ../nbs/71_distributed.ipynb #4ff984f8
-def rank_seed(
-    seed: int,  # the run's seed
-    iteration: int,  # the iteration about to sample
-    rank: int,  # the process
-) -> int:  # a seed in [0, 2**63)
-    "The seed a rank samples an iteration with: a function of (seed, iteration, rank) only, so a resume replays it."
-    text = f"rlnb.distributed:{seed}:{iteration}:{rank}".encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
-
-
-def create_sharded_prompt_loader(
-    prompt_loader: Callable,  # iteration -> the iteration's prompts (all ranks see the same list)
-    seed: int,  # the run's seed: each rank's sampling is reseeded from it every iteration
-    rank: int | None = None,  # this process (None: the process group's)
-    world: int | None = None,  # processes (None: the process group's)
-) -> Callable:  # iteration -> this rank's prompts
-    "A prompt loader that gives this rank its block of the iteration's prompts and reseeds its sampling."
-    rank_, world_ = process_rank() if rank is None else rank, world_size() if world is None else world
-    def loader(iteration):
-        prompts = split_prompts(prompt_loader(iteration))
-        check_same_prompts(prompts, iteration)  # several processes: the same list on every rank, or an error
-        prompts = shard_prompts(prompts, rank_, world_)
-        s = rank_seed(seed, iteration, rank_)
-        random.seed(s)
-        torch.manual_seed(s)
-        return prompts
-    return loader
-
-# %% ../nbs/71_distributed.ipynb #9ab71f92
-def sync_parameters(
-    state,  # a TrainingState: its model (and value head) are made equal to rank 0's
-) -> int:  # how many tensors were broadcast (0: all were in sync already)
-    "Broadcast from rank 0 every parameter not yet shared: the policy at the first step, PPO's head when it appears."
-    modules = [m for m in (state.model, state.value_head) if m is not None]
-    fresh = [p for m in modules for p in m.parameters()
-             if p.requires_grad and not getattr(p, "_rlnb_synced", False) and not _is_shard(p)]
-    for p in fresh:
-        dist.broadcast(p.data, src=0)
-        p._rlnb_synced = True
-    if is_sharded(state.model) and state.value_head is not None and not is_sharded(state.value_head):
-        shard_training_state(state)  # PPO's head, new at its first step: sharded like the policy
-    return len(fresh)
-
-
-def _is_shard(p: Tensor) -> bool:
-    "Whether `p` is a DTensor (FSDP's sharded parameter): FSDP, not rlnb, moves its data and its gradient."
-    from torch.distributed.tensor import DTensor
-    return isinstance(p, DTensor)
-
-# %% ../nbs/71_distributed.ipynb #755a39c2
-def _every_rank(obj) -> list:
-    "`obj` from every rank, in rank order: one all_gather_object (tensors travel on the CPU)."
-    parts = [None] * world_size()
-    dist.all_gather_object(parts, obj)
-    return parts
-
-
-def _joined(parts: list, width: int | None = None) -> Tensor:
-    "Every rank's rows, concatenated in rank order; (B, C) tensors right-padded with zeros to `width` columns."
-    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1])) if t.ndim == 2 and width else t
-    return torch.cat([pad(t) for t in parts])
-
-
-def _global_groups(group_ids: Tensor, counts: Sequence[int], rank: int) -> Tensor:
-    "This rank's group labels shifted past the earlier ranks' groups (`counts`: groups per rank), so none collide."
-    return torch.where(group_ids >= 0, group_ids + sum(counts[:rank]), group_ids)
-
-
-def batch_advantages(
-    cb: CollatedBatch,  # this rank's collated batch (rewards transformed; PPO: old_values set)
-    algorithm_config: Mapping,  # {"name": ..., **knobs}: a registered algorithm
-) -> CollatedBatch:  # `cb` with the advantages (and returns) of its own rows
-    "The advantages of the whole batch (every rank's rows), computed once per rank, cut back to this rank's rows."
-    spec = find_algorithm(algorithm_config["name"])
-    names = ["rewards", "group_ids", *batch_fields_for(spec.advantage_fn, cb, ("rewards", "group_ids", "advantages"))]
-    names = [k for k in names if getattr(cb, k) is not None]
-    mine = {k: getattr(cb, k).detach().cpu() for k in names}
-    rng = torch.get_rng_state() if process_rank() == 0 else None  # rank 0's random stream, for every rank
-    parts = _every_rank((cb.completion_ids.shape[1], int(cb.group_ids.max()) + 1, mine, rng))  # one collective
-    width, counts, me = max(p[0] for p in parts), [p[1] for p in parts], process_rank()
-    for r, (_, _, fields, _) in enumerate(parts): fields["group_ids"] = _global_groups(fields["group_ids"], counts, r)
-    full = cb._replace(**{k: _joined([p[2][k] for p in parts], None if k == "rewards" else width)  # (B, K): as is
-                          .to(cb.rewards.device) for k in names})
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a random choice (clip_cov): one process's, everywhere
-        torch.set_rng_state(parts[0][3])
-        out = compute_batch_advantages(full, algorithm_config)
-    start = sum(p[2]["rewards"].shape[0] for p in parts[:me])
-    rows, C = slice(start, start + cb.rewards.shape[0]), cb.completion_ids.shape[1]
-    cut = lambda t: None if t is None else t[rows, :C] if t.ndim == 2 else t[rows]
-    return cb._replace(advantages=cut(out.advantages), returns=cut(out.returns))
-
-# %% ../nbs/71_distributed.ipynb #908ee02b
-def loss_share(
-    cb: CollatedBatch,  # this rank's batch, after any rollout correction
-    algorithm_config: Mapping,  # its "aggregation" decides tokens or rows
-    units: Tensor | None = None,  # (B,) the algorithm's own unit per row (AlgorithmSpec.loss_units: DPO's pairs)
-) -> float:  # this rank's units over every rank's
-    "This rank's weight in the batch loss: its share of what the loss averages over (pairs, tokens or rows)."
-    if units is not None: local = float(units.sum())  # a rank without a pair has no say (the others have pairs)
-    elif algorithm_config.get("aggregation", "token_mean") == "token_mean": local = float(cb.loss_mask.sum())
-    else: local = float(cb.loss_mask.shape[0])
-    total = torch.tensor([local], dtype=torch.float64, device=_device())
-    dist.all_reduce(total)
-    return local / float(total) if float(total) > 0 else 1.0 / world_size()
-
-# %% ../nbs/71_distributed.ipynb #79bf60a8
-def all_reduce_gradients(
-    params: Sequence[Tensor],  # the optimised parameters, in the same order on every rank
-    share: float,  # this rank's weight (loss_share): the sum over ranks of share x gradient is the batch gradient
-) -> None:
-    "Replace each gradient by the share-weighted sum of every rank's: one all-reduce of one flat float32 tensor."
-    if not params: return
-    device = params[0].device  # nccl reduces GPU tensors, gloo CPU ones
-    has = torch.tensor([float(p.grad is not None) for p in params], device=device)  # (n,): on some rank: on all
-    flat = torch.cat([(p.grad.float() * share if p.grad is not None else torch.zeros(p.numel(), device=device))
-                      .reshape(-1) for p in params] + [has])  # (sum of numel + n,)
-    dist.all_reduce(flat)
-    grads, seen = flat[:-len(params)].split([p.numel() for p in params]), flat[-len(params):]
-    for p, g, s in zip(params, grads, seen.tolist()): p.grad = g.view_as(p).to(p.dtype) if s > 0 else None
-
-
-def averaged_step(
-    step_fn: Callable,  # (state, max_grad_norm) -> grad norm: what steps the optimizer in one process
-    share: float,  # this rank's weight, from loss_share
-) -> Callable:  # the same step, taken on the all-reduced gradient
-    "`step_fn` preceded by the all-reduce of the gradients: every rank then takes the same optimizer step."
-    def step(state, max_grad_norm):
-        plain = [p for g in state.optimizer.param_groups for p in g["params"] if p.requires_grad and not _is_shard(p)]
-        all_reduce_gradients(plain, 1.0 if is_sharded(state.model) else share)  # sharded: each loss x share already
-        return step_fn(state, max_grad_norm)
-    return step
-
-# %% ../nbs/71_distributed.ipynb #e2445b58
-_SUMMED, _SHARED = ("tokens/generated",), ("lr", "grad_norm")  # added over ranks; the same on every rank
-
-
-def _pooled(parts: list) -> dict:
-    "Every rank's metrics as one dict: weighted by the ranks' shares, except counts (added) and shared values."
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-    merged = dict(parts[0][0])
-    for k in merged:
-        values = [(m[k], s) for m, s, *_ in parts if k in m and num(m[k])]
-        if not values or k in _SHARED or not num(merged[k]): continue
-        if k in _SUMMED: merged[k] = sum(v for v, _ in values)
-        else: merged[k] = sum(v * s for v, s in values) / max(sum(s for _, s in values), 1e-12)
-    return merged
-
-
-def reduced_stats(
-    stats: TrainingStats,  # this rank's record of the step
-    cb: CollatedBatch,  # this rank's batch (its transformed rewards and groups)
-    raw_rewards: Tensor,  # (B,) or (B, K): the rewards before any transform
-    share: float,  # this rank's weight in the loss (loss_share)
-) -> TrainingStats:  # the step's record for the whole batch, the same on every rank
-    "The step's metrics over every rank: loss metrics weighted by each rank's share, rewards pooled, counts added."
-    rewards = tuple(t.detach().cpu() for t in (raw_rewards, cb.rewards, cb.group_ids))
-    parts = _every_rank((dict(stats.custom_metrics), share, int(cb.group_ids.max()) + 1, rewards))  # one collective
-    merged = _pooled(parts)
-    if cb.advantages is not None:  # the reward statistics of the whole batch, groups kept apart
-        counts = [g for _, _, g, _ in parts]
-        gids = [_global_groups(r[2], counts, k) for k, (_, _, _, r) in enumerate(parts)]
-        merged.update(reward_metrics(_joined([r[0] for *_, r in parts]), _joined([r[1] for *_, r in parts]),
-                                      _joined(gids)))
-    return stats._replace(loss=merged["loss/total"], kl_divergence=merged.get("kl/mean", 0.0),
-                          rewards_mean=merged.get("reward/mean", 0.0), rewards_std=merged.get("reward/std", 0.0),
-                          custom_metrics=merged)
-
-# %% ../nbs/71_distributed.ipynb #f58868eb
-def any_rank(
-    flag: bool,  # this rank's answer
-) -> bool:  # True if it is True on some rank
-    "Whether `flag` holds on any rank: a decision every rank must take together (skip a step, stop the run)."
-    t = torch.tensor([int(bool(flag))], device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
 
 # %% ../nbs/71_distributed.ipynb #0197f01f
 def is_sharded(
