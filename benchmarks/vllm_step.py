@@ -3,7 +3,8 @@ engine (float32 and bf16), TRL's GRPOTrainer with transformers' generate, and TR
 Two more rlnb sides add mixed precision to the update (`TrainingConfig(mixed_precision="bf16")`: bf16 autocast over
 the float32 weights): `rlnb_hf_amp` (transformers sampling) and `rlnb_vllm_bf16_amp` (the bf16 engine);
 `rlnb_vllm_bf16_amp_compiled` builds that engine with vLLM's torch.compile (`enforce_eager=False`; rlnb's default
-engine on a CPU is eager, quicker to build).
+engine on a CPU is eager, quicker to build). `rlnb_server` and `rlnb_server_bf16` sample from a vLLM server on this
+machine instead (rlnb.vllm_server: its own process, the LoRA adapter moved there before every sampling call).
 
 Every side trains a fresh float32 copy of the model with LoRA (r 8, every linear projection) on the chat version of
 the addition task (the settings and helpers of benchmarks/grpo_vs_trl.py: same prompts per step, same reward, same
@@ -23,6 +24,7 @@ the venv's torch and transformers pinned).
     .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_vllm_bf16 --steps 4    # a quick look
     .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_hf_amp,rlnb_vllm_bf16_amp --steps 4  # amp
     .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_hf,rlnb_vllm_bf16_amp,rlnb_vllm_bf16_amp_compiled
+    .venv-vllm/bin/python benchmarks/vllm_step.py --sides rlnb_vllm,rlnb_server --steps 6   # server vs in-process
 
 Results: benchmarks/README.md, "vLLM as the sampler".
 """
@@ -40,7 +42,8 @@ import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts
 
 DEFAULT_SIDES = ("rlnb_hf", "rlnb_vllm", "rlnb_vllm_bf16", "trl_hf", "trl_vllm")
 # asked for by name with --sides: mixed precision, and the bf16 engine compiled (vLLM's torch.compile, not eager)
-SIDES = DEFAULT_SIDES + ("rlnb_hf_amp", "rlnb_vllm_bf16_amp", "rlnb_vllm_bf16_amp_compiled")
+SIDES = DEFAULT_SIDES + ("rlnb_hf_amp", "rlnb_vllm_bf16_amp", "rlnb_vllm_bf16_amp_compiled",
+                         "rlnb_server", "rlnb_server_bf16")  # the server: vLLM in a process of its own (HTTP)
 
 
 def patch_trl_sync():
@@ -73,6 +76,19 @@ def run_rlnb(args, task, prompts, dtype: str | None, mixed_precision: str = "no"
         engine = create_vllm_generator(dtype=dtype, enforce_eager=not compiled)
         ctx["rollout_fn"] = create_rollout_fn(task.reward_fn, generator=engine, system_prompt=task.system_prompt)
     for step in prompts: pair.rlnb_step(ctx, step)
+    return dict(step_s=ctx["step_s"], rollout_s=ctx["rollout_s"], rewards=ctx["rewards"])
+
+
+def run_rlnb_server(args, task, prompts, dtype: str) -> dict:
+    """rlnb's GRPO steps sampling from a vLLM server on this machine (rlnb.vllm_server: the LoRA adapter moved there
+    before every sampling call, inside the step), the server started from this Python, in `dtype`."""
+    from rlnb.rollouts import create_rollout_fn
+    from rlnb.vllm_server import create_server_generator, start_vllm_server
+    ctx = pair.setup_rlnb(args, task, seed=0)
+    with start_vllm_server(ctx["state"].model, ctx["tok"], dtype=dtype, kv_cache_memory_bytes=2**29) as server:
+        generator = create_server_generator(server.url)
+        ctx["rollout_fn"] = create_rollout_fn(task.reward_fn, generator=generator, system_prompt=task.system_prompt)
+        for step in prompts: pair.rlnb_step(ctx, step)
     return dict(step_s=ctx["step_s"], rollout_s=ctx["rollout_s"], rewards=ctx["rewards"])
 
 
@@ -145,7 +161,9 @@ def measure_side(args, side: str) -> dict:
                    trl_vllm=lambda: run_trl(bench, task, prompts, use_vllm=True),
                    rlnb_hf_amp=lambda: run_rlnb(bench, task, prompts, None, "bf16"),
                    rlnb_vllm_bf16_amp=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16"),
-                   rlnb_vllm_bf16_amp_compiled=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16", True))
+                   rlnb_vllm_bf16_amp_compiled=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16", True),
+                   rlnb_server=lambda: run_rlnb_server(bench, task, prompts, "float32"),
+                   rlnb_server_bf16=lambda: run_rlnb_server(bench, task, prompts, "bfloat16"))
     return runners[side]()
 
 

@@ -34,7 +34,8 @@ Modules:
 
 - `rlnb.cli`: `rlnb run`, `rlnb sweep` and `rlnb train`: a papermill run, a sweep, or `train` itself (torchrun), from a shell; `rlnb chat`, `rlnb eval` and `rlnb export` on a finished run.
 - `rlnb.runs`: `load_run(folder)`: the trained policy of any run folder, on the base model it was trained from, checked, at its last checkpoint or at any kept one.
-- `rlnb.talk`: `chat_reply`, a terminal chat (`rlnb chat RUN --base`) and `compare_replies`: the trained model's answers beside the base model's, on the same prompts, with the task's reward on each."""
+- `rlnb.talk`: `chat_reply`, a terminal chat (`rlnb chat RUN --base`) and `compare_replies`: the trained model's answers beside the base model's, on the same prompts, with the task's reward on each.
+- `rlnb.vllm_server`: vLLM in its own process, behind its OpenAI-compatible API: the policy moves there after each update (a LoRA adapter hot-loaded, or every weight reloaded), and the trainer samples through HTTP."""
 
 __version__ = "0.0.1"
 
@@ -91,6 +92,7 @@ from .quickstart import *
 from .tiny import *  # registers "tiny" in rlnb.models.MODEL_LOADERS / TOKENIZER_LOADERS
 from .tiny_sft import *  # how the tiny model is trained (load_tiny_model calls it the first time)
 from .engines import *  # create_vllm_generator: vLLM as the sampler (vLLM itself is imported only when used)
+from .vllm_server import *  # start_vllm_server, create_server_generator: sampling from a vLLM server through HTTP
 from .distributed import *  # data parallelism on torch.distributed (replicated or FSDP-sharded), rank 0 writes
 from .reward_models import *  # reward models: batched scoring, the tiny Bradley-Terry reward model
 from .widgets import *  # the training dashboard

@@ -404,7 +404,8 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
-    generator: str = "hf"  # the sampler: "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16"
+    generator: str = "hf"  # "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16", "vllm_server"
+    generator_url: str | None = None  # generator="vllm_server": the server's address, e.g. "http://127.0.0.1:8000"
     dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
     over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
@@ -433,7 +434,7 @@ class TrainingConfig(NamedTuple):
     rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
     rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
     rollout_correction_high: float = 2.0  # icepop, geo_rs: ratios above it are dropped
-    off_policy_steps: int = 0  # 0: sample with the current weights; 1: sample the next batch while this one trains
+    off_policy_steps: int = 0  # 0: sample with the current weights; k: up to k batches sampled ahead, k updates old
     # evaluation: greedy accuracy on held-out prompts
     eval_every: int = 25  # iterations between greedy evaluations on held-out prompts (0: none)
     eval_size: int = 64  # held-out prompts per evaluation
@@ -454,7 +455,7 @@ class TrainingConfig(NamedTuple):
 TRAINING_CONFIG_SECTIONS = {
     "model": ("model", "dtype", "lora_r", "teacher"),
     "sampling": ("task", "task_format", "prompts_per_step", "group_size", "temperature", "max_new_tokens", "generator",
-                 "dynamic_sampling", "over_sampling_factor", "max_sampling_rounds", "overlong_buffer"),
+                 "generator_url", "dynamic_sampling", "over_sampling_factor", "max_sampling_rounds", "overlong_buffer"),
     "algorithm": ("algorithm", "algorithm_options", "beta", "entropy_coef", "entropy_top_fraction", "entropy_target",
                   "entropy_coef_step", "entropy_coef_max"),
     "optimisation": ("num_iterations", "learning_rate", "lr_schedule", "warmup_steps", "weight_decay", "max_grad_norm",
@@ -508,7 +509,7 @@ CONFIG_MAXIMA = {
     "seed": 2**64 - 1, "lora_r": 4096, "prompts_per_step": 100_000, "group_size": 10_000, "eval_size": 10_000,
     "max_new_tokens": 1_000_000, "micro_batch_size": 1_000_000, "updates_per_batch": 1000, "num_threads": 1024,
     "over_sampling_factor": 100, "max_sampling_rounds": 1000, "learning_rate": 1.0, "weight_decay": 1.0,
-    "beta": 1e6, "temperature": 100.0, "off_policy_steps": 1,
+    "beta": 1e6, "temperature": 100.0, "off_policy_steps": 8,
     "entropy_top_fraction": 1.0}
 # prompts_per_step x group_size: completions sampled per iteration, each with (C, vocabulary) logits in training
 _MAX_ROWS = 65_536
@@ -516,7 +517,8 @@ _MAX_ROWS = 65_536
 # does was mangled on its way in; `.search(name)` finds the first
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
-            "task_format": ("auto", "plain", "chat"), "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16"),
+            "task_format": ("auto", "plain", "chat"),
+            "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16", "vllm_server"),
             "mixed_precision": ("no", "bf16")}
 
 # %% ../nbs/10_core.ipynb #755a329c
@@ -622,6 +624,21 @@ def _check_sampling(values: dict) -> None:
     if buffer and buffer >= budget:
         raise ValueError(f"TrainingConfig: `overlong_buffer`={buffer} must be < max_new_tokens={budget}: the "
                          "length penalty ramps up over the last overlong_buffer tokens of the completion budget")
+    _check_generator_url(values["generator"], values["generator_url"])
+
+
+def _check_generator_url(generator: str, url: str | None) -> None:
+    "A server's address goes with generator='vllm_server', and only with it: http(s)://host:port, nothing after."
+    if generator == "vllm_server" and url is None:
+        raise ValueError("TrainingConfig: generator='vllm_server' samples from a running vLLM server: give its "
+                         "address as generator_url, e.g. 'http://127.0.0.1:8000' (scripts/vllm_server.py starts one)")
+    if url is None: return
+    if generator != "vllm_server":
+        raise ValueError(f"TrainingConfig: `generator_url` is read with generator='vllm_server' only, but generator="
+                         f"{generator!r}; drop the URL or set generator='vllm_server'")
+    if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?", url):
+        raise ValueError(f"TrainingConfig: `generator_url` must be http(s)://host:port (the server's address, no "
+                         f"path), got {reprlib.repr(url)}")
 
 # %% ../nbs/10_core.ipynb #cfa1b005
 def _check_entropy(values: dict) -> None:

@@ -316,5 +316,6 @@ def create_vllm_generator(
     return VLLMGenerator(model, sleep, **engine_options)
 
 # %% ../nbs/70_engines.ipynb #9ef8708e
-SAMPLERS["vllm"] = lambda: create_vllm_generator(dtype="float32")  # the policy's own precision: no mismatch from dtype
-SAMPLERS["vllm_bf16"] = lambda: create_vllm_generator(dtype="bfloat16")  # faster; chapter 34 measures the mismatch
+# each gets the run's config (read by other samplers) and builds its engine on the first call
+SAMPLERS["vllm"] = lambda config: create_vllm_generator(dtype="float32")  # the policy's precision: no dtype mismatch
+SAMPLERS["vllm_bf16"] = lambda config: create_vllm_generator(dtype="bfloat16")  # faster; chapter 34 measures mismatch

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/training.html.md"""
 
 # %% ../nbs/43_training.ipynb #8ab4962a
 from __future__ import annotations
-import concurrent.futures, contextlib, os, reprlib, threading, time, warnings
+import concurrent.futures, contextlib, copy, os, reprlib, threading, time, warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -321,11 +321,11 @@ def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | No
     return prompt_loader, buffer, source
 
 # %% ../nbs/43_training.ipynb #dd6a7360
-# {config.generator: a function of no arguments that returns its `generator` hook (None: transformers on the policy
-# itself)}. An engine plugs in here by name: chapter *Inference engines in the loop* (part 7) adds "vllm" and
-# "vllm_bf16".
-SAMPLERS: dict[str, Callable[[], Callable | None]] = {"hf": lambda: None,
-                                                      "hf_bf16": lambda: create_hf_generator("bfloat16")}
+# {config.generator: a function of the run's config that returns its `generator` hook (None: transformers on the
+# policy itself)}. An engine plugs in here by name: chapter *Inference engines in the loop* (part 7) adds "vllm" and
+# "vllm_bf16", chapter *A generation server* "vllm_server".
+SAMPLERS: dict[str, Callable[[TrainingConfig], Callable | None]] = {
+    "hf": lambda config: None, "hf_bf16": lambda config: create_hf_generator("bfloat16")}
 
 
 def _config_generator(config: TrainingConfig) -> Callable | None:
@@ -333,7 +333,7 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
     if config.generator not in SAMPLERS:
         raise ValueError(f"train: `generator`={config.generator!r} names no registered sampler; known: "
                          f"{sorted(SAMPLERS)} (`import rlnb` registers the vLLM engine's)")
-    return SAMPLERS[config.generator]()
+    return SAMPLERS[config.generator](config)  # the config: a server's address, say
 
 
 def _run_specs(algo: Mapping | Callable, config: TrainingConfig) -> dict[str, AlgorithmSpec]:
@@ -470,13 +470,21 @@ def _warn_skipped(iteration: int, stats: TrainingStats, iteration_hook: Callable
                   "skipped iterations are counted at the end of the run)")
 
 # %% ../nbs/43_training.ipynb #4b8a6028
+def _frozen_copy(model) -> torch.nn.Module:
+    "The weights as they are now, in float32, for a batch sampled ahead; a LoRA policy stays LoRA (a server takes it)."
+    if not is_peft_model(model): return sampler_copy(model, torch.float32)  # a plain copy
+    with torch.no_grad():  # adapters kept apart: a generator may send the adapter alone (chapter *A generation server*)
+        return copy.deepcopy(model).to(torch.float32).eval().requires_grad_(False)
+
+
 class _RolloutsAhead:
-    "The next iteration's batch, sampled in a thread from a frozen copy of the weights while this iteration trains."
+    "The next `off_policy_steps` iterations' batches, sampled in order in a thread from frozen copies of the weights."
 
     def __init__(self, rollout_fn: Callable, tokenizer, config: TrainingConfig):
         self.rollout_fn, self.tokenizer, self.config = rollout_fn, tokenizer, config
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlnb-rollouts")
-        self.pending = None  # (iteration, future of (batch, seconds sampling))
+        # iteration -> (the iteration whose weights sample it, future of (batch, seconds sampling))
+        self.pending: dict[int, tuple[int, concurrent.futures.Future]] = {}
 
     def _sample(self, snapshot, prompts) -> tuple[Batch, float]:
         t0 = time.perf_counter()
@@ -485,57 +493,57 @@ class _RolloutsAhead:
             raise TypeError(f"train: `rollout_fn` must return a Batch, got {type(batch).__name__}")
         return batch, time.perf_counter() - t0
 
-    def start(self, model, prompts, iteration: int) -> None:
-        "Sample `iteration`'s batch from the weights as they are now."
-        snapshot = sampler_copy(model, torch.float32)  # its own tensors: the update cannot reach them
-        self.pending = (iteration, self.pool.submit(self._sample, snapshot, prompts))
+    def start(self, model, prompts, iteration: int, sampled_at: int) -> None:
+        "Queue `iteration`'s batch, sampled from the weights as they are now (those of iteration `sampled_at`)."
+        snapshot = _frozen_copy(model)  # its own tensors: the update cannot reach them
+        self.pending[iteration] = (sampled_at, self.pool.submit(self._sample, snapshot, prompts))
 
-    def put(self, iteration: int, batch: Batch) -> None:
+    def put(self, iteration: int, batch: Batch, sampled_at: int) -> None:
         "A batch sampled before a checkpoint, for a resumed run."
         done = concurrent.futures.Future()
         done.set_result((batch, 0.0))
-        self.pending = (iteration, done)
+        self.pending[iteration] = (sampled_at, done)
 
-    def take(self, iteration: int) -> tuple[Batch, float, float] | None:
-        "(`iteration`'s batch, seconds it took to sample, seconds waited for it), or None if none was started."
-        if self.pending is None or self.pending[0] != iteration: return None
+    def take(self, iteration: int) -> tuple[Batch, float, float, int] | None:
+        "(`iteration`'s batch, seconds sampling it, seconds waited for it, `sampled_at`), or None if none was queued."
+        if iteration not in self.pending: return None
         t0 = time.perf_counter()
-        batch, sampling_s = self.pending[1].result()
-        self.pending = None
-        return batch, sampling_s, time.perf_counter() - t0
+        sampled_at, future = self.pending.pop(iteration)
+        batch, sampling_s = future.result()
+        return batch, sampling_s, time.perf_counter() - t0, sampled_at
 
     def saved_with(self, state: TrainingState) -> TrainingState:
-        "`state` with the batch being sampled in its metadata (waited for), so a checkpoint of it resumes exactly."
-        if self.pending is None: return state
-        iteration, future = self.pending
-        batch = future.result()[0]
-        pending = to_jsonable({"iteration": iteration, "rollouts": list(batch.rollouts),
-                               "batch_metadata": batch.batch_metadata})
-        return state._replace(metadata={**(state.metadata or {}), "pending_batch": pending})
+        "`state` with every batch in flight in its metadata (waited for), so a checkpoint of it resumes exactly."
+        if not self.pending: return state
+        pending = []
+        for iteration, (sampled_at, future) in sorted(self.pending.items()):
+            batch = future.result()[0]
+            pending.append(to_jsonable({"iteration": iteration, "sampled_at": sampled_at,
+                                        "rollouts": list(batch.rollouts), "batch_metadata": batch.batch_metadata}))
+        return state._replace(metadata={**(state.metadata or {}), "pending_batches": pending})
 
 # %% ../nbs/43_training.ipynb #224b880d
 def _sampled_ahead(ahead: _RolloutsAhead, state: TrainingState, prompt_loader: Callable,
                    config: TrainingConfig) -> tuple[Batch, dict]:
-    "This iteration's batch (sampled during the last one, or now if none was), with the next one started."
-    it = state.iteration
-    got = ahead.take(it)
-    if got is None:  # the first iteration: nothing was sampled ahead yet
-        ahead.start(state.model, _next_prompts(prompt_loader, it), it)
-        got = ahead.take(it)
-    if it + 1 < config.num_iterations:  # from the weights before this update: one step stale when it trains
-        ahead.start(state.model, _next_prompts(prompt_loader, it + 1), it + 1)
-    batch, sampling_s, waited_s = got
-    return batch, {"time/rollout_s": waited_s, "time/sampling_s": sampling_s}
+    "This iteration's batch, with every batch up to `off_policy_steps` iterations ahead queued (the new ones now)."
+    it, k = state.iteration, config.off_policy_steps
+    for ahead_it in range(it, min(it + k, config.num_iterations - 1) + 1):  # the first iteration: it to it + k
+        if ahead_it not in ahead.pending:  # from the weights before this update: k updates old when it trains
+            ahead.start(state.model, _next_prompts(prompt_loader, ahead_it), ahead_it, sampled_at=it)
+    batch, sampling_s, waited_s, sampled_at = ahead.take(it)
+    return batch, {"time/rollout_s": waited_s, "time/sampling_s": sampling_s,
+                   "off_policy/staleness": float(it - sampled_at)}  # updates between its weights and these
 
 
 def _restored_pending(state: TrainingState, ahead: _RolloutsAhead | None) -> TrainingState:
-    "A resumed off-policy run starts from the batch its checkpoint kept (taken out of the metadata)."
+    "A resumed off-policy run starts from the batches its checkpoint kept (taken out of the metadata)."
     meta = dict(state.metadata or {})
-    pending = meta.pop("pending_batch", None)
-    if pending is None: return state
+    pending = meta.pop("pending_batches", [])
+    if "pending_batch" in meta:  # a checkpoint of one batch ahead, from before several could be
+        pending = [{**meta.pop("pending_batch"), "sampled_at": state.iteration - 1}]
     if ahead is not None:
-        saved = from_jsonable(pending)
-        ahead.put(saved["iteration"], Batch(saved["rollouts"], saved["batch_metadata"]))
+        for saved in map(from_jsonable, pending):
+            ahead.put(saved["iteration"], Batch(saved["rollouts"], saved["batch_metadata"]), saved["sampled_at"])
     return state._replace(metadata=meta)
 
 

@@ -1,4 +1,6 @@
-"One-step off-policy (`off_policy_steps=1`): the next batch is sampled while this one trains, one step stale."
+"""Bounded staleness (`off_policy_steps=k`): up to k batches are sampled ahead in order while the update runs, each
+from the weights of k updates before the one that trains on it; the staleness is logged, and a checkpoint keeps every
+batch in flight so a resumed run is exact."""
 import pytest
 import torch
 
@@ -15,21 +17,27 @@ def lora_weights(state):
 
 
 @pytest.mark.slow
-def test_batches_are_one_step_stale_and_the_lag_is_measured():
+@pytest.mark.parametrize("k", [1, 3])
+def test_batches_are_k_steps_stale_and_the_lag_is_measured(k):
     rows = []
-    train(create_training_config(**BASE), logger=lambda s, st: rows.append(st.custom_metrics), progress=False)
+    config = create_training_config(**{**BASE, "off_policy_steps": k})
+    train(config, logger=lambda s, st: rows.append(st.custom_metrics), progress=False)
     assert len(rows) == 6
+    # iteration i trains on a batch sampled at max(0, i - k): the first k + 1 from the starting weights
+    assert [r["off_policy/staleness"] for r in rows] == [float(min(i, k)) for i in range(6)]
     assert rows[0]["mismatch/ratio_max"] == pytest.approx(1.0, abs=1e-4)  # the first batch: sampled on-policy
-    assert all(r["mismatch/kl"] > 0 and r["mismatch/ratio_max"] > 1.001 for r in rows[1:])  # then one update behind
+    assert all(r["mismatch/kl"] > 0 and r["mismatch/ratio_max"] > 1.001 for r in rows[1:])  # then behind
     assert all("time/sampling_s" in r for r in rows)
 
 
 @pytest.mark.slow
-def test_resume_is_exact_with_a_batch_in_flight(tmp_path):
-    "A checkpoint keeps the batch being sampled; the resumed run trains on it first and ends with the same weights."
-    whole = train(create_training_config(**BASE, output_dir=str(tmp_path / "whole"), checkpoint_every=2),
+@pytest.mark.parametrize("k", [1, 2])
+def test_resume_is_exact_with_batches_in_flight(tmp_path, k):
+    "A checkpoint keeps the k batches in flight; the resumed run trains on them first and ends with the same weights."
+    base = {**BASE, "off_policy_steps": k}
+    whole = train(create_training_config(**base, output_dir=str(tmp_path / "whole"), checkpoint_every=2),
                   progress=False)
-    config = create_training_config(**BASE, output_dir=str(tmp_path / "cut"), checkpoint_every=2)
+    config = create_training_config(**base, output_dir=str(tmp_path / "cut"), checkpoint_every=2)
     cut = train(config, stop_fn=lambda state, metrics: state.iteration == 3, progress=False)
     assert cut.iteration == 3
     resumed = train(config._replace(resume=True), progress=False)
@@ -40,5 +48,6 @@ def test_resume_is_exact_with_a_batch_in_flight(tmp_path):
 
 
 def test_off_policy_steps_is_bounded():
-    with pytest.raises(ValueError, match="off_policy_steps"): create_training_config(off_policy_steps=2)
+    create_training_config(off_policy_steps=8)  # prime-rl's largest default lag
+    with pytest.raises(ValueError, match="off_policy_steps"): create_training_config(off_policy_steps=9)
     with pytest.raises(ValueError, match="off_policy_steps"): create_training_config(off_policy_steps=-1)
