@@ -43,7 +43,7 @@ import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts
 DEFAULT_SIDES = ("rlnb_hf", "rlnb_vllm", "rlnb_vllm_bf16", "trl_hf", "trl_vllm")
 # asked for by name with --sides: mixed precision, and the bf16 engine compiled (vLLM's torch.compile, not eager)
 SIDES = DEFAULT_SIDES + ("rlnb_hf_amp", "rlnb_vllm_bf16_amp", "rlnb_vllm_bf16_amp_compiled",
-                         "rlnb_server", "rlnb_server_bf16")  # the server: vLLM in a process of its own (HTTP)
+                         "rlnb_server", "rlnb_server_bf16", "rlnb_server_merged")  # vLLM in its own process (HTTP)
 
 
 def patch_trl_sync():
@@ -79,14 +79,16 @@ def run_rlnb(args, task, prompts, dtype: str | None, mixed_precision: str = "no"
     return dict(step_s=ctx["step_s"], rollout_s=ctx["rollout_s"], rewards=ctx["rewards"])
 
 
-def run_rlnb_server(args, task, prompts, dtype: str) -> dict:
+def run_rlnb_server(args, task, prompts, dtype: str, merged: bool = False) -> dict:
     """rlnb's GRPO steps sampling from a vLLM server on this machine (rlnb.vllm_server: the LoRA adapter moved there
-    before every sampling call, inside the step), the server started from this Python, in `dtype`."""
+    before every sampling call, inside the step; `merged`: every weight, LoRA merged, reloaded instead, the server
+    without LoRA), the server started from this Python, in `dtype`."""
     from rlnb.rollouts import create_rollout_fn
     from rlnb.vllm_server import create_server_generator, start_vllm_server
     ctx = pair.setup_rlnb(args, task, seed=0)
-    with start_vllm_server(ctx["state"].model, ctx["tok"], dtype=dtype, kv_cache_memory_bytes=2**29) as server:
-        generator = create_server_generator(server.url)
+    with start_vllm_server(ctx["state"].model, ctx["tok"], dtype=dtype, kv_cache_memory_bytes=2**29,
+                           lora=not merged) as server:
+        generator = create_server_generator(server.url, merge_lora=merged)
         ctx["rollout_fn"] = create_rollout_fn(task.reward_fn, generator=generator, system_prompt=task.system_prompt)
         for step in prompts: pair.rlnb_step(ctx, step)
     return dict(step_s=ctx["step_s"], rollout_s=ctx["rollout_s"], rewards=ctx["rewards"])
@@ -163,7 +165,8 @@ def measure_side(args, side: str) -> dict:
                    rlnb_vllm_bf16_amp=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16"),
                    rlnb_vllm_bf16_amp_compiled=lambda: run_rlnb(bench, task, prompts, "bfloat16", "bf16", True),
                    rlnb_server=lambda: run_rlnb_server(bench, task, prompts, "float32"),
-                   rlnb_server_bf16=lambda: run_rlnb_server(bench, task, prompts, "bfloat16"))
+                   rlnb_server_bf16=lambda: run_rlnb_server(bench, task, prompts, "bfloat16"),
+                   rlnb_server_merged=lambda: run_rlnb_server(bench, task, prompts, "float32", merged=True))
     return runners[side]()
 
 

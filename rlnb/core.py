@@ -404,8 +404,8 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
-    generator: str = "hf"  # "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16", "vllm_server"
-    generator_url: str | None = None  # generator="vllm_server": the server's address, e.g. "http://127.0.0.1:8000"
+    generator: str = "hf"  # "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16", "vllm_server(_merged)"
+    generator_url: str | None = None  # a vllm_server generator's server address, e.g. "http://127.0.0.1:8000"
     dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
     over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
     max_sampling_rounds: int | None = None  # sampling rounds per step at most (None: the algorithm's; 3)
@@ -518,7 +518,7 @@ _MAX_ROWS = 65_536
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
             "task_format": ("auto", "plain", "chat"),
-            "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16", "vllm_server"),
+            "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16", "vllm_server", "vllm_server_merged"),
             "mixed_precision": ("no", "bf16")}
 
 # %% ../nbs/10_core.ipynb #755a329c
@@ -628,14 +628,16 @@ def _check_sampling(values: dict) -> None:
 
 
 def _check_generator_url(generator: str, url: str | None) -> None:
-    "A server's address goes with generator='vllm_server', and only with it: http(s)://host:port, nothing after."
-    if generator == "vllm_server" and url is None:
-        raise ValueError("TrainingConfig: generator='vllm_server' samples from a running vLLM server: give its "
+    "A server's address goes with a vllm_server generator, and only with one: http(s)://host:port, nothing after."
+    server = generator in ("vllm_server", "vllm_server_merged")
+    if server and url is None:
+        raise ValueError(f"TrainingConfig: generator={generator!r} samples from a running vLLM server: give its "
                          "address as generator_url, e.g. 'http://127.0.0.1:8000' (scripts/vllm_server.py starts one)")
     if url is None: return
-    if generator != "vllm_server":
-        raise ValueError(f"TrainingConfig: `generator_url` is read with generator='vllm_server' only, but generator="
-                         f"{generator!r}; drop the URL or set generator='vllm_server'")
+    if not server:
+        raise ValueError("TrainingConfig: `generator_url` is read with generator='vllm_server' or "
+                         f"'vllm_server_merged' only, but generator={generator!r}; drop the URL or set "
+                         "generator='vllm_server'")
     if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?", url):
         raise ValueError(f"TrainingConfig: `generator_url` must be http(s)://host:port (the server's address, no "
                          f"path), got {reprlib.repr(url)}")

@@ -189,7 +189,7 @@ RUN_IDENTITY = ("task", "task_format", "algorithm", "seed", "prompts_per_step", 
 
 RUN_BOOKKEEPING = ("resume", "num_iterations", "output_dir", "max_seconds", "checkpoint_every", "keep_checkpoints",
                    "eval_every", "eval_size", "num_threads", "plugins", "learning_rate",
-                   "weight_decay")  # said or harmless
+                   "weight_decay", "generator_url")  # said or harmless (generator_url: a server restarted elsewhere)
 
 
 def changed_settings(

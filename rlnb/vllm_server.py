@@ -7,13 +7,13 @@ Docs: https://rlnb.github.io/rlnb/vllm_server.html.md"""
 
 # %% ../nbs/70a_vllm_server.ipynb #9fbfd655
 from __future__ import annotations
-import json, os, shutil, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import atexit, json, os, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request, weakref
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from .core import Generation, GenerationConfig, TrainingConfig, is_peft_model
+from .core import Generation, GenerationConfig, is_peft_model
 from .decoding import _check_generation_config, encode_prompts, eos_token_ids, token_id_limit
 from .engines import engine_generations, policy_weights
 from .training import SAMPLERS
@@ -60,24 +60,33 @@ def served_lora_rank(model) -> int | None:
     return fits[0]
 
 # %% ../nbs/70a_vllm_server.ipynb #73b1819a
+def _stop_process_group(process: subprocess.Popen, folder: Path | None) -> None:
+    "SIGTERM to the server's process group (its engine too), SIGKILL after 30 s; then remove its folder."
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)  # its own session: the API server and its engine core
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        except ProcessLookupError: pass
+    if folder is not None: shutil.rmtree(folder, ignore_errors=True)
+
+
 class VLLMServer:
     "A vLLM server process: its URL, the command that started it, its log; `stop()` it, or use it in a `with` block."
     def __init__(self, process: subprocess.Popen, url: str, command: list, log: Path, folder: Path | None):
         self.process, self.url, self.command, self.log, self.folder = process, url, command, log, folder
+        # stopped when this object goes, or when Python exits (a kernel restart): no server outlives its owner
+        self._finalizer = weakref.finalize(self, _stop_process_group, process, folder)
 
     def log_tail(self, lines: int = 20) -> str:
         "The last lines of its log."
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
 
     def stop(self) -> None:
-        "Stop the process (SIGTERM, then SIGKILL after 30 s) and remove the folder it was started from."
-        if self.process.poll() is None:
-            self.process.terminate()
-            try: self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.folder is not None: shutil.rmtree(self.folder, ignore_errors=True)
+        "Stop the server and its engine, and remove the folder it was started from."
+        self._finalizer()
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.stop()
@@ -90,18 +99,29 @@ def _server_command(python: str, folder: Path, options: dict) -> list[str]:
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
         if value is True: command.append(flag)
-        elif value is not False and value is not None: command += [flag, str(value)]
+        elif value is False: command.append("--no-" + name.replace("_", "-"))  # vLLM's flags take --no-x
+        elif isinstance(value, (list, tuple)): command += [flag, *map(str, value)]
+        elif value is not None: command += [flag, str(value)]
     return command
 
 
+def _port_is_free(host: str, port: int) -> bool:
+    "Whether nothing listens on host:port now (a server left there would answer for the new one)."
+    with socket.socket() as s:
+        try: s.bind((host, port))
+        except OSError: return False
+        return True
+
+
 def _wait_until_up(server: VLLMServer, timeout: float) -> None:
-    "Return when the server answers /health; stop it and raise, quoting its log, if it dies or takes too long."
+    "Return when the new server answers; stop it and raise, quoting its log, if it dies or takes too long."
     start = time.perf_counter()
     while time.perf_counter() - start < timeout:
         if server.process.poll() is not None:
+            tail = server.log_tail()  # before stop(), which removes the folder the log is in
             server.stop()
             raise RuntimeError(f"start_vllm_server: the server exited with code {server.process.returncode} before "
-                               f"it answered; its log ({server.log}) ends:\n{server.log_tail()}")
+                               f"it answered; its log ends:\n{tail}")
         try:
             with urllib.request.urlopen(server.url + "/health", timeout=2) as answer:
                 if answer.status == 200: return
@@ -118,32 +138,39 @@ def start_vllm_server(
     port: int | None = None,  # None: a free port
     python: str | None = None,  # the Python of an environment with vLLM (None: this one), e.g. ".venv-vllm/bin/python"
     dtype: str = "float32",  # the served precision: "float32" samples what a float32 trainer scores
-    kv_cache_memory_bytes: int = 2**28,  # the KV cache (vLLM's default would take most of the machine's memory)
+    kv_cache_memory_bytes: int = 2**29,  # the KV cache (vLLM's default would take most of the machine's memory)
     host: str = "127.0.0.1",  # the address it listens on; "0.0.0.0" to serve other machines (a trusted network only)
     timeout: float = 600,  # seconds to wait for it to answer
     env: dict | None = None,  # extra environment variables for the server (e.g. VLLM_CPU_OMP_THREADS_BIND)
-    **options,  # any other server option by its Python name: max_num_seqs=64 -> --max-num-seqs 64
+    lora: bool | None = None,  # serve LoRA adapters (None: if the policy has one); False: merged weights are sent
+    **options,  # any other server option by its Python name (max_num_seqs=64 -> --max-num-seqs 64); they win
 ) -> VLLMServer:  # running, with .url for `create_server_generator`
     "Start vLLM's OpenAI-compatible server on the policy's base model, ready to sample from through HTTP."
-    python = str(python or sys.executable)
-    if not Path(python).exists():
-        raise FileNotFoundError(f"start_vllm_server: `python`={python!r} does not exist; give the Python of an "
+    found = shutil.which(str(python or sys.executable))
+    if found is None:
+        raise FileNotFoundError(f"start_vllm_server: `python`={python!r} is not a program; give the Python of an "
                                 "environment with vLLM (`bash scripts/install.sh vllm` makes .venv-vllm)")
-    rank, port = served_lora_rank(model), port or free_port()
+    rank, port = served_lora_rank(model) if lora is not False else None, port or free_port()
+    if not _port_is_free(host, port):
+        raise ValueError(f"start_vllm_server: port {port} on {host} is in use (a server left running?); stop what "
+                         "listens there or give another port (port=None picks a free one)")
     base = model.get_base_model() if is_peft_model(model) else model
     settings = dict(port=port, host=host, served_model_name="base", dtype=dtype,
                     kv_cache_memory_bytes=kv_cache_memory_bytes, logprobs_mode="processed_logprobs",
                     max_model_len=getattr(base.config, "max_position_embeddings", None),
-                    enforce_eager=not torch.cuda.is_available(),  # a CPU: eager, starts in seconds
-                    **(dict(enable_lora=True, max_lora_rank=rank, max_loras=1) if rank else {}), **options)
+                    enforce_eager=not torch.cuda.is_available() or None,  # a CPU: eager, starts in seconds
+                    **(dict(enable_lora=True, max_lora_rank=rank, max_loras=1) if rank else {}))
     folder = Path(tempfile.mkdtemp(prefix="rlnb-server-"))
     save_served_model(model, tokenizer, folder / "model")
-    command, log = _server_command(python, folder / "model", settings), folder / "server.log"
+    command, log = _server_command(found, folder / "model", {**settings, **options}), folder / "server.log"
     with open(log, "w") as out:  # its own session: a Ctrl-C in a notebook reaches the trainer, not the server
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, **SERVER_ENV, **(env or {})})
     server = VLLMServer(process, f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}", command, log, folder)
-    _wait_until_up(server, timeout)
+    try: _wait_until_up(server, timeout)
+    except BaseException:  # a Ctrl-C while it starts, too: no half-started server is left behind
+        server.stop()
+        raise
     return server
 
 # %% ../nbs/70a_vllm_server.ipynb #ed59fbf9
@@ -163,10 +190,15 @@ def call_server(
         with urllib.request.urlopen(request, timeout=timeout) as answer: text = answer.read().decode()
     except urllib.error.HTTPError as e:
         said = e.read().decode(errors="replace")[:500]
-        hint = (f"; this endpoint needs a server started with {' '.join(f'{k}={v}' for k, v in SERVER_ENV.items())}"
-                if e.code == 404 and path in _NEEDS_ENV else "")
+        no_route = e.code == 404 and path in _NEEDS_ENV and said.strip() == '{"detail":"Not Found"}'  # no such route
+        env = " ".join(f"{k}={v}" for k, v in SERVER_ENV.items())
+        hint = f"; the server has no such endpoint: start it with {env}" if no_route else ""
         raise RuntimeError(f"vLLM server at {url}: {path} answered {e.code}: {said}{hint}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+    except TimeoutError:
+        raise TimeoutError(f"vLLM server at {url}: {path} gave no answer within {timeout:.0f} s") from None
+    except (urllib.error.URLError, ConnectionError) as e:
+        if isinstance(getattr(e, "reason", None), TimeoutError):
+            raise TimeoutError(f"vLLM server at {url}: {path} gave no answer within {timeout:.0f} s") from None
         raise ConnectionError(f"no vLLM server answers at {url} ({getattr(e, 'reason', e)}); start one with "
                               "`start_vllm_server` or `python scripts/vllm_server.py`") from None
     try: return json.loads(text)
@@ -182,11 +214,12 @@ def completion_request(
 ) -> dict:  # the JSON body of /v1/completions
     "The completions request for n samples of each prompt: token ids in; token ids and their log-probs out."
     greedy = not config.do_sample or config.temperature == 0
-    return dict(model=model_name, prompt=[list(p) for p in prompt_ids],
+    body = dict(model=model_name, prompt=[list(p) for p in prompt_ids],
                 n=1 if greedy else config.num_return_sequences, max_tokens=config.max_new_tokens,
                 temperature=0.0 if greedy else float(config.temperature), top_p=float(config.top_p),
                 top_k=config.top_k if config.top_k > 0 else -1, logprobs=0, return_token_ids=True,
-                stop_token_ids=list(eos_ids), seed=seed, **(config.custom_params or {}))
+                stop_token_ids=list(eos_ids), seed=seed)
+    return {**body, **(config.custom_params or {})}  # custom_params win, as with the in-process engine
 
 # %% ../nbs/70a_vllm_server.ipynb #2020e7a5
 def server_outputs(
@@ -220,22 +253,34 @@ def save_full_weights(
 # %% ../nbs/70a_vllm_server.ipynb #1768dc8b
 class VLLMServerGenerator:
     "rlnb's `generator` hook backed by a vLLM server: each call moves the policy's weights there, then samples."
-    def __init__(self, url: str, folder: str | None = None, timeout: float = 600, seed: int | None = None):
-        self.url, self.timeout, self.seed = url.rstrip("/"), timeout, seed
+    def __init__(self, url: str, folder: str | None = None, timeout: float = 600, seed: int | None = None,
+                 wait: float = 240, merge_lora: bool = False):
+        self.url, self.timeout, self.seed, self.wait = url.rstrip("/"), timeout, seed, wait
+        self.merge_lora = merge_lora  # a LoRA policy's weights sent merged (full reload) instead of its adapter
         self.folder = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="rlnb-weights-"))  # the server reads it
         self.base, self.moves, self.previous, self.timings = None, 0, None, []
+        # the weights it wrote go with it (a folder of our own) or at exit
+        self.close = weakref.finalize(self, shutil.rmtree, self.folder, True) if not folder else lambda: None
 
     def _served_base(self) -> dict:
-        "The model the server was started with (the one without a parent): its name and whether it takes adapters."
-        models = call_server(self.url, "/v1/models", timeout=self.timeout)["data"]
-        return next(m for m in models if m.get("parent") is None)
+        "The model the server was started with (the one without a parent), once the server answers (`wait` s)."
+        start = time.perf_counter()
+        while True:
+            try: models = call_server(self.url, "/v1/models", timeout=self.timeout)["data"]
+            except ConnectionError:
+                if time.perf_counter() - start > self.wait: raise
+                time.sleep(1)  # a server still starting: TRL's client waits for it too
+                continue
+            base = [m for m in models if m.get("parent") is None]
+            if not base: raise RuntimeError(f"vLLM server at {self.url}: /v1/models lists no base model: {models}")
+            return base[0]
 
     def sync(self, model) -> str:
         "Move `model`'s current weights to the server; returns the name to sample from."
         if self.base is None: self.base = self._served_base()
         self.moves += 1
         where = self.folder / f"{self.moves:06d}"  # a new folder each time
-        if is_peft_model(model):
+        if is_peft_model(model) and not self.merge_lora:
             model.save_pretrained(where)  # the adapter alone
             body, name = dict(lora_name="policy", lora_path=str(where), load_inplace=True), "policy"
             call_server(self.url, "/v1/load_lora_adapter", body, self.timeout)
@@ -243,7 +288,10 @@ class VLLMServerGenerator:
             save_full_weights(model, where)
             body, name = dict(method="reload_weights", kwargs={"weights_path": str(where)}), self.base["id"]
             call_server(self.url, "/collective_rpc", body, self.timeout)
-        call_server(self.url, "/reset_prefix_cache", {}, self.timeout)  # no KV block of the old weights is reused
+        reset = call_server(self.url, "/reset_prefix_cache", {}, self.timeout)  # no KV block of old weights reused
+        if isinstance(reset, dict) and reset.get("success") is False:  # blocks held by another client's requests
+            raise RuntimeError(f"vLLM server at {self.url}: its prefix cache could not be emptied after the weights "
+                               "moved (another client's requests hold it?); one trainer per server")
         if self.previous is not None: shutil.rmtree(self.previous, ignore_errors=True)
         self.previous = where
         return name
@@ -269,11 +317,15 @@ def create_server_generator(
     folder: str | None = None,  # where the weights go for the server to read (None: a temporary folder, this machine)
     timeout: float = 600,  # seconds to wait for each answer
     seed: int | None = None,  # every request's seed (None: the server's own random numbers; see above for CPUs)
+    wait: float = 240,  # seconds the first call waits for a server that is still starting
+    merge_lora: bool = False,  # send a LoRA policy merged, every weight (a server started with lora=False)
 ) -> VLLMServerGenerator:  # generator(model, tokenizer, prompts, config) -> list[Generation], with .timings
     "A `generator` hook that samples from a vLLM server, moving the policy's weights there before each call."
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"create_server_generator: `url` must start with http:// or https://, got {url!r}")
-    return VLLMServerGenerator(url, folder, timeout, seed)
+    return VLLMServerGenerator(url, folder, timeout, seed, wait, merge_lora)
 
 # %% ../nbs/70a_vllm_server.ipynb #11b76aa8
 SAMPLERS["vllm_server"] = lambda config: create_server_generator(config.generator_url)  # a server at that address
+# the same, a LoRA policy sent merged (a server started with lora=False, or `scripts/vllm_server.py --merged`)
+SAMPLERS["vllm_server_merged"] = lambda config: create_server_generator(config.generator_url, merge_lora=True)

@@ -4,7 +4,8 @@
     .venv/bin/rlnb train -p generator vllm_server -p generator_url http://127.0.0.1:8000    # in another terminal
 
 --model, --task and --lora-r name the base model as TrainingConfig does, so the trainer's policy fits the server:
-the same base weights, and a LoRA rank the server holds (--lora-r 0: a policy that trains every weight). Prints
+the same base weights, and a LoRA rank the server holds (--lora-r 0: a policy that trains every weight; --merged: a
+LoRA policy sent merged each step, for `-p generator vllm_server_merged`, faster on a CPU). Prints
 "serving <url>" once the server answers. Chapter *A generation server* (nbs/70a_vllm_server.ipynb) explains it."""
 import argparse, signal, sys
 
@@ -21,14 +22,23 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves other machines (a trusted network only)")
     ap.add_argument("--dtype", default="float32", help="the served precision: float32 or bfloat16")
+    ap.add_argument("--merged", action="store_true",
+                    help="no LoRA in the server: the trainer sends merged weights (-p generator vllm_server_merged)")
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=2**29, help="the server's KV cache, in bytes")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="the longest prompt + completion (None: the model's)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # from the start: `finally` stops a server half started
     config = create_training_config(model=args.model, task=args.task, lora_r=args.lora_r, dtype="float32")
     policy, tokenizer = build_policy(config)
-    server = start_vllm_server(policy, tokenizer, port=args.port, host=args.host, dtype=args.dtype)
+    options = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+    server = start_vllm_server(policy, tokenizer, port=args.port, host=args.host, dtype=args.dtype,
+                               kv_cache_memory_bytes=args.kv_cache_memory_bytes, lora=not args.merged, **options)
     print(f"serving {server.url} (log: {server.log})", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a SIGTERM stops the server too, through `finally`
     try:
-        return server.process.wait()
+        code = server.process.wait()
+        print(f"the server exited with code {code}; its log ends:\n{server.log_tail()}", file=sys.stderr)
+        return code or 1
     except KeyboardInterrupt:
         return 0
     finally:

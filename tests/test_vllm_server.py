@@ -1,7 +1,7 @@
 """rlnb.vllm_server with a real `vllm` server process: the script starts one, the trainer (another process) samples
 from it through HTTP, and the server's log-probs equal the trainer's after every move of the weights (a LoRA adapter
 hot-loaded, or every weight reloaded). Runs in .venv-vllm; skipped where vLLM is not installed (rlnb's .venv)."""
-import importlib.util, json, os, signal, subprocess, sys, time
+import importlib.util, json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -53,18 +53,21 @@ def _serve(tmp_path, *args):
     log = open(tmp_path / "server.out", "w")
     process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "vllm_server.py"), *args], stdout=log,
                                stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
-    deadline = time.time() + 300
+    deadline = time.time() + 600
     while time.time() < deadline and process.poll() is None:
         said = (tmp_path / "server.out").read_text()
         if "serving http" in said: return process, said.split("serving ")[1].split()[0]
         time.sleep(1)
-    process.kill()
+    _stop(process)
     raise AssertionError("scripts/vllm_server.py did not start:\n" + (tmp_path / "server.out").read_text()[-3000:])
 
 
 def _stop(process):
-    os.killpg(process.pid, signal.SIGTERM)  # the script and the server it started
-    process.wait(60)
+    "SIGTERM to the script, which stops the server it started (in a session of its own) on its way out."
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try: process.wait(60)
+        except subprocess.TimeoutExpired: os.killpg(process.pid, signal.SIGKILL)
 
 
 def test_the_script_serves_a_lora_policy_to_train_and_to_the_rlnb_command(tmp_path):
@@ -74,12 +77,21 @@ def test_the_script_serves_a_lora_policy_to_train_and_to_the_rlnb_command(tmp_pa
         served = call_server(url, "/v1/models")["data"]
         assert [m["id"] for m in served] == ["base"]
         config = create_training_config(generator="vllm_server", generator_url=url, num_iterations=3, eval_every=0,
-                                        prompts_per_step=4, group_size=4, seed=0)
+                                        prompts_per_step=4, group_size=4, seed=0, rollout_correction="tis_token")
         set_seed(0)
         history = train(config, progress=False).stats_history
         assert len(history) == 3
         assert max(s.custom_metrics["mismatch/logprob_abs_diff_max"] for s in history) < 1e-4
         assert all(s.custom_metrics["mismatch/kl"] < 1e-6 for s in history)
+        # the correction reads the server's log-probs as it reads the engine's: weights of 1 where they agree
+        assert all(abs(s.custom_metrics["mismatch/weight_mean"] - 1) < 1e-4 for s in history)
+        # sampling ahead from the server: each queued batch from a frozen copy of the adapter, as old as it says
+        ahead = []  # the logged rows: the loop adds the staleness and the timings to what the step measured
+        train(config._replace(off_policy_steps=2, num_iterations=4), progress=False,
+              logger=lambda s, st: ahead.append(st.custom_metrics))
+        assert [row["off_policy/staleness"] for row in ahead] == [0.0, 1.0, 2.0, 2.0]
+        assert ahead[0]["mismatch/logprob_abs_diff_max"] < 1e-4  # the first: on-policy
+        assert all(row["mismatch/kl"] > 0 for row in ahead[1:])  # then behind, and measured
         run = subprocess.run([sys.executable, "-m", "rlnb.cli", "train", "-p", "generator", "vllm_server",
                               "-p", "generator_url", url, "-p", "num_iterations", "2", "-p", "eval_every", "0",
                               "-p", "output_dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=600,
@@ -105,7 +117,18 @@ def test_a_lora_policy_on_a_server_without_lora_gets_the_servers_reason():
 
 
 def test_a_server_that_cannot_start_is_reported_with_its_log():
-    "A server option vLLM refuses: the process exits, and the error quotes its log."
+    "A server option vLLM refuses: the process exits, and the error quotes vLLM's reason from its log."
     model, tok = load_tiny_model()
-    with pytest.raises(RuntimeError, match="exited with code"):
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code .*max.num.seqs"):
         start_vllm_server(model, tok, max_num_seqs=-1, timeout=120)
+
+
+def test_a_port_in_use_is_refused_before_anything_starts():
+    "A server left on the port would answer /health for the new one: refused, naming the port."
+    model, tok = load_tiny_model()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 is in use"):
+            start_vllm_server(model, tok, port=port)
