@@ -314,7 +314,7 @@ class VLLMServerGenerator:
 # %% ../nbs/70a_vllm_server.ipynb #0ede426c
 def create_server_generator(
     url: str,  # the server's address, e.g. "http://127.0.0.1:8000" (`start_vllm_server(...).url`)
-    folder: str | None = None,  # where the weights go for the server to read (None: a temporary folder, this machine)
+    folder: str | None = None,  # where the weights go for the server to read (None: a local temporary folder)
     timeout: float = 600,  # seconds to wait for each answer
     seed: int | None = None,  # every request's seed (None: the server's own random numbers; see above for CPUs)
     wait: float = 240,  # seconds the first call waits for a server that is still starting
