@@ -294,9 +294,10 @@ def finish_rlnb(ctx: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------------------------ TRL
 def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None,
-            config_overrides: dict | None = None) -> dict:
+            config_overrides: dict | None = None, instrument=None) -> dict:
     """TRL's GRPOTrainer on a fresh copy of the model (`load_policy`); per-step times and rewards from a callback.
     `config_overrides`: more TRL config fields (benchmarks/vllm_step.py: use_vllm=True, vllm_mode="colocate").
+    `instrument(trainer)`, if given, runs before training (benchmarks/phases.py times the trainer's phases with it).
     With `rlnb_ctx`, one rlnb step runs between TRL's steps (before TRL's odd steps, after its even ones), outside
     TRL's timed window, so both sides see the same machine load over time."""
     import torch
@@ -336,7 +337,7 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None,
     algo_kw = dict(loss_type=args.loss_type) if args.algorithm == "grpo" else dict(pair["trl_config"])
     if pair["trl"] == "GRPOTrainer": algo_kw["scale_rewards"] = args.scale_rewards
     algo_kw["beta"] = args.beta
-    config = Config(
+    settings = dict(
         output_dir=tempfile.mkdtemp(prefix="grpo_vs_trl_"), use_cpu=True, bf16=False, fp16=False, seed=seed,
         max_steps=args.steps, per_device_train_batch_size=B, gradient_accumulation_steps=1, generation_batch_size=B,
         num_generations=args.group, max_completion_length=args.max_new_tokens, temperature=args.temperature,
@@ -345,7 +346,8 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None,
         num_iterations=1, mask_truncated_completions=False, **algo_kw,
         shuffle_dataset=False, gradient_checkpointing=False, disable_dropout=True, logging_steps=1, report_to="none",
         save_strategy="no", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
-        remove_unused_columns=False, **(config_overrides or {}))
+        remove_unused_columns=False)
+    config = Config(**{**settings, **(config_overrides or {})})  # an override replaces a setting (e.g. bf16=True)
     peft_config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0, target_modules=targets,
                              bias="none", task_type="CAUSAL_LM")
     timer = Timer()
@@ -361,6 +363,7 @@ def run_trl(args, task, prompts, seed: int, rlnb_ctx: dict | None = None,
         rollout_s.append(time.perf_counter() - t)
         return out
     trainer._generate_and_score_completions = timed_generate_and_score
+    if instrument is not None: instrument(trainer)
     torch.set_num_threads(args.threads)  # in case anything reset it
     setup_s = time.perf_counter() - t0
     trainer.train()

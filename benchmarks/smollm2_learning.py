@@ -8,6 +8,8 @@ at the best evaluation; the target is form >= 0.9 and accuracy >= base + 0.10 at
 
     python benchmarks/smollm2_learning.py                          # 3 seeds x 8 minutes, default threads
     python benchmarks/smollm2_learning.py --seeds 0 --minutes 3   # a quick look
+    python benchmarks/smollm2_learning.py --iterations 15 --minutes 60 --mixed-precision bf16 --json b.json
+    python benchmarks/smollm2_learning.py --compare float32=a.json bf16=b.json --plot benchmarks/smollm2_bf16.png
 
 Results: benchmarks/README.md.
 """
@@ -36,8 +38,13 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward pass (memory)")
     p.add_argument("--eval-every", type=int, default=5, help="iterations between greedy evaluations")
     p.add_argument("--dtype", default="auto", help="TrainingConfig.dtype")
+    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16"],
+                   help="TrainingConfig.mixed_precision (bf16: the update's forwards under bf16 autocast)")
     p.add_argument("--plot", default=str(HERE / "smollm2_learning.png"), help="PNG of the curves ('' = none)")
     p.add_argument("--json", default="", help="write every measurement to this JSON file ('' = none)")
+    p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=JSON",
+                   help="plot runs written by --json side by side (e.g. float32=a.json bf16=b.json) to --plot; "
+                        "no training")
     return p.parse_args(argv)
 
 
@@ -50,6 +57,7 @@ def run_seed(args, seed: int) -> dict:
     config = create_training_config(
         model="smollm2",
         dtype=args.dtype,
+        mixed_precision=args.mixed_precision,
         num_iterations=args.iterations,
         prompts_per_step=args.prompts,
         group_size=args.group,
@@ -121,8 +129,39 @@ def plot(runs: list[dict], path: str) -> None:
     plt.savefig(path, dpi=80)
 
 
+def compare(pairs: list[str], path: str) -> None:
+    "Mean reward per iteration and greedy accuracy per evaluation, over seeds, of each labelled --json file; printed."
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for pair in pairs:
+        label, _, file = pair.partition("=")
+        runs = json.loads(Path(file).read_text())
+        rewards = np.array([[r["reward/mean"] for r in run["steps"]] for run in runs])  # (seeds, iterations)
+        accuracy = np.array([[e["eval/accuracy"] for e in run["evals"]] for run in runs])  # (seeds, evaluations)
+        its, evals = np.arange(1, rewards.shape[1] + 1), [e["iteration"] for e in runs[0]["evals"]]
+        line = axes[0].plot(its, rewards.mean(0), lw=2, label=f"{label} (mean of {len(runs)})")[0]
+        axes[0].plot(its, rewards.T, lw=0.6, alpha=0.4, color=line.get_color())
+        axes[1].errorbar(evals, accuracy.mean(0), yerr=accuracy.std(0, ddof=1), marker="o", capsize=3, label=label)
+        print(f"{label}: reward of the last 5 iterations {rewards[:, -5:].mean(1).round(3)}, final greedy accuracy "
+              f"{accuracy[:, -1].round(3)} (mean {accuracy[:, -1].mean():.3f} +- {accuracy[:, -1].std(ddof=1):.3f})")
+    for ax, title in zip(axes, ["mean reward (samples)", "greedy accuracy, 64 held-out (mean, sd over seeds)"]):
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.savefig(path, dpi=80)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.compare:
+        compare(args.compare, args.plot)
+        return
     import torch
     import pandas as pd
     from rlnb.step import default_num_threads

@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/step.html.md"""
 
 # %% ../nbs/42_step.ipynb #a43d5f74
 from __future__ import annotations
-import contextlib, math, numbers, os, reprlib, warnings
+import contextlib, math, numbers, os, reprlib, time, warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -464,6 +464,12 @@ def _no_signal_message(iteration: int, any_token: bool, fn: str) -> str:
     return (f"{fn}: iteration {iteration} trains on nothing: {why}. Said once per run; `advantage/nonzero_frac` "
             "records each step's share of rows with a signal")
 
+# %% ../nbs/42_step.ipynb #89ab4073
+def _phase_times(cb: CollatedBatch, t_scoring: float, t_update: float) -> dict:
+    "The step's phases in seconds (scoring from `t_scoring`, the update from `t_update` to now) and the batch's tokens."
+    now, tokens = time.perf_counter(), float(cb.attention_mask.sum())  # prompt + completion tokens, no padding
+    return {"time/scoring_s": t_update - t_scoring, "time/update_s": now - t_update, "tokens/batch": tokens}
+
 # %% ../nbs/42_step.ipynb #d722dd59
 def training_step(
     state: TrainingState,  # model, optimizer, scheduler, ref_model, counters
@@ -488,8 +494,10 @@ def training_step(
     algo = _with_length_budget(algo, cfg, cb)
     state, head = _prepared_state(state, spec)  # 3. what the spec prepares: PPO's value head
     dp.sync_parameters(state)
+    t_scoring = time.perf_counter()
     with dp.full_parameters(state.model, state.ref_model, head):  # old, reference, teacher log-probs; prepare_batch
         cb = _shared_quantities(state, cb, algo, spec, head, cfg, extensions)
+    t_update = time.perf_counter()
     with torch.no_grad():  # 4. the advantages (PPO: and returns), once per batch
         if spec is not None: cb = dp.batch_advantages(cb, algo)
     cb, metrics = _corrected(cb, algo, cfg, fn)  # 5. the sampler's tokens reweighted or dropped, if asked
@@ -505,6 +513,7 @@ def training_step(
                                             update == 0, fn, scale, extensions)
         per_update.append(update_metrics)
     stats = dp.reduced_stats(_step_stats(per_update, cb, raw_rewards, lr, algo, metrics), cb, raw_rewards, share)
+    stats = stats._replace(custom_metrics={**stats.custom_metrics, **_phase_times(cb, t_scoring, t_update)})
     for ext in extensions:  # 7. after the step: e.g. the adaptive entropy weight
         if ext.finish is not None: state = ext.finish(state, cfg, stats.custom_metrics)
     return state._replace(stats_history=tuple(state.stats_history) + (stats,)), stats

@@ -72,6 +72,17 @@ def assert_same_first_adamw_step(after2: dict, after1: dict, grads1: dict, label
         assert float((after2[key] - after1[key]).abs().max()) <= 2 * LR * (1 + 1e-4), (label, key)
 
 
+def assert_same_update(two: tuple, one: tuple, label: str):
+    "(gradients, weights after, metrics) of an update in two processes equal to one process's, to float rounding."
+    (grads2, weights2, metrics2), (grads1, weights1, metrics1) = two, one
+    assert grads1 and grads1.keys() == grads2.keys(), label
+    for key in grads1:
+        torch.testing.assert_close(grads2[key], grads1[key], rtol=1e-4, atol=1e-6, msg=lambda m: f"{label} {key}: {m}")
+    assert_same_first_adamw_step(weights2, weights1, grads1, label)
+    for key in ("loss/total", "reward/mean", "reward/std", "tokens/generated"):
+        assert metrics2[key] == pytest.approx(metrics1[key], rel=1e-4, abs=1e-6), (label, key)
+
+
 def one_update(policy, tok, rollouts, name, options, start):
     "One training_step from the weights `start`: (the gradient it stepped on, the weights after, the metrics)."
     with torch.no_grad():
@@ -136,17 +147,9 @@ def test_two_processes_take_the_single_process_update_and_refuse_bad_launches(tm
     policy, tok, rollouts = policy_and_rollouts()
     start = {k: p.detach().clone() for k, p in policy.named_parameters() if p.requires_grad}
     assert len(two) == len(CASES) + 1
-    for k, ((name, options), (grads2, weights2, metrics2)) in enumerate(zip([*CASES, VECTOR], two)):
-        grads1, weights1, metrics1 = one_update(policy, tok, rollouts if k < len(CASES) else as_vectors(rollouts),
-                                                name, options, start)
-        label = f"{name} {options}" + (" vector rewards" if k == len(CASES) else "")
-        assert grads1 and grads1.keys() == grads2.keys(), label
-        for key in grads1:
-            torch.testing.assert_close(grads2[key], grads1[key], rtol=1e-4, atol=1e-6,
-                                       msg=lambda m: f"{label} {key}: {m}")
-        assert_same_first_adamw_step(weights2, weights1, grads1, label)
-        for key in ("loss/total", "reward/mean", "reward/std", "tokens/generated"):
-            assert metrics2[key] == pytest.approx(metrics1[key], rel=1e-4, abs=1e-6), (label, key)
+    for k, ((name, options), update2) in enumerate(zip([*CASES, VECTOR], two)):
+        update1 = one_update(policy, tok, rollouts if k < len(CASES) else as_vectors(rollouts), name, options, start)
+        assert_same_update(update2, update1, f"{name} {options}" + (" vector rewards" if k == len(CASES) else ""))
 
 
 RUN = dict(num_iterations=4, prompts_per_step=4, group_size=4, eval_every=2, eval_size=8, max_new_tokens=6)
