@@ -31,13 +31,13 @@ Needs TRL (`pip install trl`, the venv's torch and transformers pinned). Results
 second, phase by phase"; chapter `56_grpo_smollm2` prints the recorded JSON.
 """
 from __future__ import annotations
-import argparse, importlib.util, json, os, platform, statistics, subprocess, sys, time
+import argparse, importlib.util, json, os, platform, statistics, sys, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("rlnb") is None: sys.path.insert(0, str(HERE.parent))  # a checkout, not installed
 sys.path.insert(0, str(HERE))
-from _common import setup_torch  # noqa: E402
+from _common import add_step_arguments, run_side_in_child, setup_torch  # noqa: E402
 import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts, reward, TRL's config
 
 # asked for by name: rlnb_bf16 = TrainingConfig(mixed_precision="bf16"); trl_bf16 = GRPOConfig(bf16=True), TRL's default
@@ -181,15 +181,6 @@ def summarize(out: dict) -> dict:
     return table
 
 
-def run_side(side: str, argv: list[str]) -> dict:
-    "One side in a fresh child process, so that neither inherits the other's memory or threads."
-    out = subprocess.run([sys.executable, __file__, *argv, "--sides", side, "--child"], capture_output=True, text=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"phases: side {side} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
-
-
 def partners(sides) -> dict:
     "Each rlnb side -> the TRL side it is compared with: the one in the same precision, else any TRL side measured."
     trl = [s for s in sides if s.startswith("trl")]
@@ -220,14 +211,9 @@ def print_table(result: dict) -> None:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"comma-separated, of {SIDES}")
-    p.add_argument("--steps", type=int, default=6, help="GRPO steps per side (the first is the warm-up)")
-    p.add_argument("--prompts", type=int, default=4, help="distinct prompts per step")
-    p.add_argument("--group", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="completion budget")
+    add_step_arguments(p)
     p.add_argument("--beta", type=float, default=0.04, help="KL weight (> 0: a reference pass on both sides)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--json", default="", help="write the machine, settings, rows and tables here ('' = none)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # run the one side here, print JSON
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     sides = args.sides.split(",")
@@ -236,13 +222,12 @@ def main(argv=None):
     if args.child:
         print(json.dumps(measure_side(args, sides[0])), flush=True)
         return
-    rest = [a for k, a in enumerate(argv) if a != "--sides" and (k == 0 or argv[k - 1] != "--sides")]
     result = dict(machine=describe_machine(), load_start=os.getloadavg()[0], command="python benchmarks/phases.py "
                   + " ".join(argv), settings=dict(prompts=args.prompts, group=args.group, threads=args.threads,
                   max_new_tokens=args.max_new_tokens, beta=args.beta, steps=args.steps), sides={})
     print(result["machine"], f"load average {result['load_start']:.2f}", flush=True)
     for side in sides:
-        out = run_side(side, rest)
+        out = run_side_in_child(__file__, side, argv)
         out["summary"] = summarize(out)
         result["sides"][side] = out
         print(f"{side}: {out['summary']['step']['s']:.2f} s/step, matmul {out['matmul_gflops']:.0f} GFLOP/s",

@@ -97,8 +97,8 @@ def step_times(ctx: dict, batch, repeats: int, cfg, algo) -> tuple[float, float]
     return (statistics.median(m["time/scoring_s"] for m in steps), statistics.median(m["time/update_s"] for m in steps))
 
 
-def profile(ctx: dict, batch, cfg, algo, top: int) -> list[tuple[str, float]]:
-    "Own CPU seconds per category over one float32 step, and the top operators, printed."
+def profile(ctx: dict, batch, cfg, algo, top: int) -> None:
+    "Print the operators' own CPU seconds per category over one float32 step, and the top operators."
     from torch.profiler import ProfilerActivity, profile as torch_profile
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof: one_step(ctx, batch, cfg, algo)
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
@@ -111,7 +111,6 @@ def profile(ctx: dict, batch, cfg, algo, top: int) -> list[tuple[str, float]]:
     print(f"  top {top} operators:")
     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
         print(f"    {e.key:40} {e.self_cpu_time_total / 1e6:6.2f} s  {e.count:6d} calls  {category(e.key)}")
-    return sorted(by_cat.items(), key=lambda kv: -kv[1])
 
 
 def main(argv=None):

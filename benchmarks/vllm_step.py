@@ -29,7 +29,7 @@ the venv's torch and transformers pinned).
 Results: benchmarks/README.md, "vLLM as the sampler".
 """
 from __future__ import annotations
-import argparse, importlib.util, json, os, statistics, subprocess, sys, time
+import argparse, importlib.util, json, os, statistics, sys, time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (as rlnb builds it)
@@ -37,7 +37,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for TRL'
 HERE = Path(__file__).resolve().parent
 if importlib.util.find_spec("rlnb") is None: sys.path.insert(0, str(HERE.parent))  # a checkout, not installed
 sys.path.insert(0, str(HERE))
-from _common import setup_torch  # noqa: E402
+from _common import add_step_arguments, run_side_in_child, setup_torch  # noqa: E402
 import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts, reward, TRL's config
 
 DEFAULT_SIDES = ("rlnb_hf", "rlnb_vllm", "rlnb_vllm_bf16", "trl_hf", "trl_vllm")
@@ -105,25 +105,10 @@ def run_trl(args, task, prompts, use_vllm: bool) -> dict:
     return dict(step_s=out["step_s"], rollout_s=out["rollout_s"], rewards=out["rewards"])
 
 
-def run_side(side: str, argv: list[str]) -> dict:
-    "One side in a fresh child process (an engine built earlier in the same process slowed the later sides' updates)."
-    args = [sys.executable, __file__, *argv, "--sides", side, "--child"]
-    out = subprocess.run(args, capture_output=True, text=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"vllm_step: side {side} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"comma-separated, of {SIDES}")
-    p.add_argument("--steps", type=int, default=6, help="GRPO steps per side (the first is the warm-up)")
-    p.add_argument("--prompts", type=int, default=4, help="distinct prompts per step")
-    p.add_argument("--group", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="completion budget")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # run the one side here, print JSON
+    add_step_arguments(p)
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     sides = args.sides.split(",")
@@ -132,11 +117,10 @@ def main(argv=None):
     if args.child:
         print(json.dumps(measure_side(args, sides[0])), flush=True)
         return
-    rest = [a for k, a in enumerate(argv) if a != "--sides" and (k == 0 or argv[k - 1] != "--sides")]
     rows = {}
     for side in sides:
         start = time.perf_counter()
-        out = rows[side] = run_side(side, rest)
+        out = rows[side] = run_side_in_child(__file__, side, argv)
         steady, sampling = out["step_s"][1:], out["rollout_s"][1:]
         print(f"{side:27} first step {out['step_s'][0]:6.1f} s | steady median {statistics.median(steady):6.2f} s/step "
               f"(sampling + scoring {statistics.median(sampling):5.2f} s) | reward {out['rewards'][0]:.2f} -> "
