@@ -241,7 +241,7 @@ def setup_rlnb(args, task, seed: int, beta: float | None = None, model_tok=None,
                           learning_rate=args.lr, max_grad_norm=1.0, updates_per_batch=1, micro_batch_size=B,
                           seed=seed, eval_every=0, beta=beta, temperature=args.temperature,
                           max_new_tokens=args.max_new_tokens, lora_r=args.lora_r, algorithm=pair["rlnb"],
-                          dynamic_sampling=False, overlong_buffer=0)
+                          dynamic_sampling=False, overlong_buffer=0, mixed_precision="no")  # float32 unless asked
     if args.algorithm == "grpo":
         algo = create_algorithm_config(
             "grpo", beta=beta, clip_eps=0.2, scale=args.scale_rewards, aggregation=LOSS_TYPES[args.loss_type],

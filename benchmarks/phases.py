@@ -4,28 +4,34 @@ A step has three phases, timed the same way on both sides:
 - **sampling**: the model generating the completions (rlnb: the `generator` hook, transformers' `generate` with the
   LoRA adapters folded in; TRL: `GRPOTrainer._generate`). Tokens = completion tokens generated.
 - **scoring**: the passes without gradient before the update, here the reference's (adapters disabled). rlnb keeps
-  that reference as `train` does under LoRA, and scores it even at beta 0 (to log `kl/mean`); TRL loads none at
-  beta 0. rlnb: `time/scoring_s`; TRL: its `_get_per_token_logps_and_entropies` calls inside
+  that reference as `train` does under LoRA; at beta 0 the `rlnb_auto` side scores it every 25 iterations (`train`'s
+  `eval_every`, to log `kl/mean`; the first, a warm-up, is left out of the means) and the other rlnb sides never;
+  TRL loads none at beta 0. rlnb: `time/scoring_s`; TRL: its `_get_per_token_logps_and_entropies` calls inside
   `_generate_and_score_completions`. Tokens = the batch's prompt + completion tokens, no padding.
 - **update**: the forward and backward passes and the optimizer step. rlnb: `time/update_s`; TRL: the step's time
   less `_generate_and_score_completions`. Tokens as for scoring.
 What is left of the step (rewards, tokenizing, collating) is reported as "other".
 
 The settings are those of benchmarks/vllm_step.py (the helpers of benchmarks/grpo_vs_trl.py: same model, task, chat
-prompts, reward, LoRA r 8 on every linear projection, AdamW at a constant 2e-4, one torch thread), with --beta 0.04
-by default so that both sides run a reference pass. The `_bf16` sides, asked for by name, run the update's forwards
-under bf16 autocast over float32 weights: rlnb's `mixed_precision="bf16"`, TRL's `bf16=True` (TRL's default, which
-the float32 `trl` side turns off). Each side runs in a fresh child process, one after the other, for --steps
-steps; the first step (warm-up) is left out of the means. Each phase also gets its **FLOP floor**: the arithmetic
-the phase cannot avoid, at the rate of the best one-thread float32 matmul measured in the same process. A forward pass
-costs 2 N FLOPs per token for N parameters, the backward through frozen weights (LoRA) another 2 N; the floor counts
-each distinct prompt once and the completion tokens without padding, so that work a trainer repeats (a prompt per
-row, padded positions) shows as distance from the floor.
+prompts, reward, LoRA r 8 on every linear projection, AdamW at a constant 2e-4, one torch thread), with --beta 0.04 by
+default so that both sides run a reference pass. The `_bf16` sides, asked for by name, run the update's forwards under
+bf16 autocast over float32 weights: rlnb's `mixed_precision="bf16"`, TRL's `bf16=True` (TRL's default, which the
+float32 `trl` side turns off). The `rlnb_auto` side runs rlnb's defaults: `mixed_precision` and `generator` "auto"
+(bf16 autocast where measured faster; the bf16 vLLM engine where vLLM is installed, as in .venv-vllm, else
+transformers), and the correction `train` pairs with the sampler (`tis_token` for the engine). Each side runs in a
+fresh child process, one after the other, for --steps steps; the first step (warm-up) is left out of the means. Each
+phase also gets its **FLOP floor**: the arithmetic the phase cannot avoid, at the rate of the best one-thread float32
+matmul measured in the same process. A forward pass costs 2 N FLOPs per token for N parameters, the backward through
+frozen weights (LoRA) another 2 N; the floor counts each distinct prompt once and the completion tokens without
+padding, so that work a trainer repeats (a prompt per row, padded positions) shows as distance from the floor.
 
     python benchmarks/phases.py                          # both sides, 6 steps each (~6 minutes on 2 cores)
     python benchmarks/phases.py --sides rlnb --steps 3   # a quick look
     python benchmarks/phases.py --sides rlnb,rlnb_bf16,trl,trl_bf16 --json benchmarks/phases_smollm2.json  # chapter 56
-    python benchmarks/phases.py --sides rlnb,rlnb_bf16,trl_bf16 --beta 0 --json benchmarks/phases_smollm2_defaults.json
+    python benchmarks/phases.py --sides rlnb,rlnb_bf16,rlnb_auto,trl_bf16 --beta 0 \
+        --json benchmarks/phases_smollm2_defaults.json   # each library's defaults: rlnb_auto beside trl_bf16
+    .venv-vllm/bin/python benchmarks/phases.py --sides rlnb_auto,trl_bf16 --beta 0 \
+        --json benchmarks/phases_smollm2_defaults_vllm.json   # the same where vLLM is installed
 
 Needs TRL (`pip install trl`, the venv's torch and transformers pinned). Results: benchmarks/README.md, "Tokens per
 second, phase by phase"; chapter `56_grpo_smollm2` prints the recorded JSON.
@@ -40,8 +46,10 @@ sys.path.insert(0, str(HERE))
 from _common import add_step_arguments, run_side_in_child, setup_torch  # noqa: E402
 import grpo_vs_trl as pair  # noqa: E402  the shared setup: model, task, prompts, reward, TRL's config
 
-# asked for by name: rlnb_bf16 = TrainingConfig(mixed_precision="bf16"); trl_bf16 = GRPOConfig(bf16=True), TRL's default
-SIDES = ("rlnb", "rlnb_bf16", "trl", "trl_bf16")
+# asked for by name: rlnb_bf16 = TrainingConfig(mixed_precision="bf16"); trl_bf16 = GRPOConfig(bf16=True), TRL's
+# default; rlnb_auto = rlnb's defaults: mixed_precision and generator "auto", the reference (beta 0) every eval_every
+SIDES = ("rlnb", "rlnb_bf16", "rlnb_auto", "trl", "trl_bf16")
+PARTNERS = {"rlnb": "trl", "rlnb_bf16": "trl_bf16", "rlnb_auto": "trl_bf16"}  # same precision; defaults with defaults
 DEFAULT_SIDES = ("rlnb", "trl")
 PHASES = ("sampling", "scoring", "update")
 
@@ -70,20 +78,33 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def run_rlnb(args, task, prompts, mixed_precision: str = "no") -> list[dict]:
-    """rlnb's steps (`training_iteration`), sampling through a timed `generator` hook, the update's forwards in
-    `mixed_precision`; one row of phase times a step."""
+def run_rlnb(args, task, prompts, mixed_precision: str = "no", eval_every: int = 0,
+             generator: str = "hf") -> list[dict]:
+    """rlnb's steps (`training_iteration`), sampling through a timed `generator` hook (a name in rlnb's SAMPLERS;
+    "auto": the one `train` chooses here, with the correction it pairs with it), the update's forwards in
+    `mixed_precision` ("auto": as `train` decides); at beta 0 the reference scores a step every `eval_every`
+    iterations (0: never); one row of phase times a step, with the settings it ran with."""
+    from rlnb.algorithms import find_algorithm
     from rlnb.generation import batch_generate
+    from rlnb.logprobs import choose_mixed_precision
+    from rlnb.rollout_corrections import choose_rollout_correction
     from rlnb.rollouts import create_rollout_fn
-    from rlnb.training import training_iteration
+    from rlnb.step import SMALL_MODEL_PARAMS
+    from rlnb.training import SAMPLERS, choose_generator, training_iteration
     ctx = pair.setup_rlnb(args, task, seed=0, ref_kind="lora")  # as `train` keeps it under LoRA, even at beta 0
-    config = ctx["tcfg"]._replace(mixed_precision=mixed_precision)  # the config the steps read and the state records
+    model = ctx["state"].model
+    name = choose_generator(model) if generator == "auto" else generator
+    settings = dict(mixed_precision=choose_mixed_precision(model, mixed_precision, SMALL_MODEL_PARAMS),
+                    rollout_correction=choose_rollout_correction("auto" if generator == "auto" else "none",
+                                                                 name != "hf", [find_algorithm(ctx["algo"]["name"])]))
+    config = ctx["tcfg"]._replace(eval_every=eval_every, **settings)  # the config the steps read and the state records
     ctx["state"] = ctx["state"]._replace(metadata={**(ctx["state"].metadata or {}), "config": config})
     sampled = {}
+    sample = SAMPLERS[name](config) or batch_generate  # None: transformers on the policy itself
 
-    def timed_generator(model, tokenizer, prompt_texts, config):  # the default sampler, timed
+    def timed_generator(model, tokenizer, prompt_texts, config):  # the sampler, timed
         t = time.perf_counter()
-        out = batch_generate(model, tokenizer, prompt_texts, config)
+        out = sample(model, tokenizer, prompt_texts, config)
         sampled.update(s=time.perf_counter() - t, tokens=sum(len(g.token_ids) for g in out))
         return out
     rollout_fn = create_rollout_fn(task.reward_fn, generator=timed_generator, system_prompt=task.system_prompt)
@@ -95,7 +116,8 @@ def run_rlnb(args, task, prompts, mixed_precision: str = "no") -> list[dict]:
         distinct = {r.group_index: len(r.prompt_token_ids) for r in batch.rollouts}  # each prompt once
         rows.append(dict(step_s=m["time/step_s"], sampling_s=sampled["s"], scoring_s=m["time/scoring_s"],
                          update_s=m["time/update_s"], generated=sampled["tokens"], batch_tokens=m["tokens/batch"],
-                         distinct_prompt_tokens=sum(distinct.values()), reward=m["reward/mean"]))
+                         distinct_prompt_tokens=sum(distinct.values()), reward=m["reward/mean"], sampler=name,
+                         **settings))
     return rows
 
 
@@ -157,8 +179,12 @@ def measure_side(args, side: str) -> dict:
     pair.check_text_reward(task)  # TRL's reward function = task.reward_fn
     prompts = [task.sample(args.prompts, seed=1000 + k) for k in range(args.steps)]
     rate = matmul_gflops()
-    rows = (run_trl(bench, task, prompts, bf16=side == "trl_bf16") if side.startswith("trl") else
-            run_rlnb(bench, task, prompts, "bf16" if side == "rlnb_bf16" else "no"))
+    if side.startswith("trl"): rows = run_trl(bench, task, prompts, bf16=side == "trl_bf16")
+    elif side == "rlnb_auto":  # rlnb's own defaults: TrainingConfig's mixed_precision, eval_every and generator
+        from rlnb.core import TrainingConfig
+        defaults = TrainingConfig()
+        rows = run_rlnb(bench, task, prompts, defaults.mixed_precision, defaults.eval_every, defaults.generator)
+    else: rows = run_rlnb(bench, task, prompts, "bf16" if side == "rlnb_bf16" else "no")
     params = sum(p.numel() for p in pair.load_policy(bench)[0].parameters())
     return dict(side=side, rows=rows, params=params, matmul_gflops=rate)
 
@@ -173,8 +199,9 @@ def summarize(out: dict) -> dict:
     for phase in PHASES:
         s = mean(f"{phase}_s")
         tokens = mean("generated") if phase == "sampling" else mean("batch_tokens")
-        table[phase] = dict(s=s, tokens=tokens, tokens_per_s=tokens / s if s > 0 else None,
-                            floor_s=floors[phase], x_floor=s / floors[phase])
+        ran = s > 0.01  # scoring at beta 0: no pass, no rate
+        table[phase] = dict(s=s, tokens=tokens, tokens_per_s=tokens / s if ran else None, floor_s=floors[phase],
+                            x_floor=s / floors[phase] if ran else None)
     step = mean("step_s")
     table["other"] = dict(s=step - sum(table[p]["s"] for p in PHASES))
     table["step"] = dict(s=step, tokens=mean("batch_tokens"), tokens_per_s=mean("batch_tokens") / step)
@@ -182,9 +209,9 @@ def summarize(out: dict) -> dict:
 
 
 def partners(sides) -> dict:
-    "Each rlnb side -> the TRL side it is compared with: the one in the same precision, else any TRL side measured."
+    "Each rlnb side -> the TRL side it is compared with: its PARTNERS entry if measured, else any TRL side measured."
     trl = [s for s in sides if s.startswith("trl")]
-    return {s: f"trl{s[4:]}" if f"trl{s[4:]}" in trl else trl[0] for s in sides if s.startswith("rlnb") and trl}
+    return {s: PARTNERS[s] if PARTNERS[s] in trl else trl[0] for s in sides if s.startswith("rlnb") and trl}
 
 
 def print_table(result: dict) -> None:
@@ -203,7 +230,7 @@ def print_table(result: dict) -> None:
             cells.append(f"| {t['s']:11.2f} {tps:>6} {xf:>7} ")
         for a, b in pairs.items():  # "other" (rewards, tokenizing) is too small for a ratio
             width = len(a) + len(b) + 3
-            ratio = f"{seconds[a] / seconds[b]:.2f}" if phase != "other" and seconds[b] > 0 else ""
+            ratio = f"{seconds[a] / seconds[b]:.2f}" if phase != "other" and min(seconds[a], seconds[b]) > 0.01 else ""
             cells.append(f"| {ratio:>{width}} ")
         print(f"{phase:9}" + "".join(cells))
 

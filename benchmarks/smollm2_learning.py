@@ -10,6 +10,8 @@ at the best evaluation; the target is form >= 0.9 and accuracy >= base + 0.10 at
     python benchmarks/smollm2_learning.py --seeds 0 --minutes 3   # a quick look
     python benchmarks/smollm2_learning.py --iterations 15 --minutes 60 --mixed-precision bf16 --json b.json
     python benchmarks/smollm2_learning.py --compare float32=a.json bf16=b.json --plot benchmarks/smollm2_bf16.png
+    .venv-vllm/bin/python benchmarks/smollm2_learning.py --iterations 15 --minutes 60 --mixed-precision bf16 \
+        --generator vllm_bf16 --json c.json   # sampled by the bf16 vLLM engine
 
 Results: benchmarks/README.md.
 """
@@ -38,8 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=16, help="sequences per forward/backward pass (memory)")
     p.add_argument("--eval-every", type=int, default=5, help="iterations between greedy evaluations")
     p.add_argument("--dtype", default="auto", help="TrainingConfig.dtype")
-    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16"],
+    p.add_argument("--mixed-precision", default="no", choices=["no", "bf16", "auto"],
                    help="TrainingConfig.mixed_precision (bf16: the update's forwards under bf16 autocast)")
+    p.add_argument("--generator", default="hf", help="TrainingConfig.generator (vllm_bf16: the bf16 vLLM engine)")
     p.add_argument("--plot", default=str(HERE / "smollm2_learning.png"), help="PNG of the curves ('' = none)")
     p.add_argument("--json", default="", help="write every measurement to this JSON file ('' = none)")
     p.add_argument("--compare", nargs="+", default=[], metavar="LABEL=JSON",
@@ -58,6 +61,7 @@ def run_seed(args, seed: int) -> dict:
         model="smollm2",
         dtype=args.dtype,
         mixed_precision=args.mixed_precision,
+        generator=args.generator,
         num_iterations=args.iterations,
         prompts_per_step=args.prompts,
         group_size=args.group,
@@ -73,10 +77,11 @@ def run_seed(args, seed: int) -> dict:
     )
     rows = []
     t0 = time.perf_counter()
-    train(config, logger=lambda s, stats: rows.append(metrics_record(s, stats)), progress=False)
+    state = train(config, logger=lambda s, stats: rows.append(metrics_record(s, stats)), progress=False)
     evals = [r for r in rows if "eval/accuracy" in r]
     steps = [r for r in rows if "reward/mean" in r]
-    return dict(seed=seed, seconds=time.perf_counter() - t0, evals=evals, steps=steps, config=config._asdict())
+    ran = state.metadata["config"]._asdict()  # what the run ran with: its "auto" settings made concrete
+    return dict(seed=seed, seconds=time.perf_counter() - t0, evals=evals, steps=steps, config=ran)
 
 
 def summarise(run: dict) -> dict:

@@ -404,7 +404,7 @@ class TrainingConfig(NamedTuple):
     group_size: int = 8  # completions sampled per prompt (GRPO's G)
     temperature: float = 1.0  # sampling temperature (training log-probs use the same)
     max_new_tokens: int = 8  # completion budget in tokens
-    generator: str = "hf"  # "hf" (transformers), "hf_bf16" (a bf16 copy), "vllm", "vllm_bf16", "vllm_server(_merged)"
+    generator: str = "auto"  # "hf", "hf_bf16", "vllm", "vllm_bf16", "vllm_server(_merged)"; "auto": a fast one if any
     generator_url: str | None = None  # a vllm_server generator's server address, e.g. "http://127.0.0.1:8000"
     dynamic_sampling: bool | None = None  # drop equal-reward groups, resample to refill (None: algorithm's; dapo: on)
     over_sampling_factor: float | None = None  # prompts per missing group each round (None: algorithm's; 1, dapo 3)
@@ -428,9 +428,9 @@ class TrainingConfig(NamedTuple):
     max_grad_norm: float = 1.0  # gradient clipping threshold (0: off)
     updates_per_batch: int = 1  # optimizer updates on each rollout batch (GRPO's mu)
     micro_batch_size: int | None = None  # sequences per forward/backward pass (None: the whole batch)
-    mixed_precision: str = "no"  # "bf16": the update's forwards autocast to bf16, weights and AdamW float32; "no": off
+    mixed_precision: str = "auto"  # "bf16": forwards in bf16 autocast, float32 weights; "no"; "auto": bf16 if faster
     # correction: samples from another policy than the one that trains
-    rollout_correction: str = "none"  # sampler/trainer mismatch correction: a key of rlnb.ROLLOUT_CORRECTIONS
+    rollout_correction: str = "auto"  # a key of rlnb.ROLLOUT_CORRECTIONS; "auto": tis_token for another sampler
     rollout_correction_cap: float = 2.0  # TIS: the largest weight; MIS: the ratio above which a sample is dropped
     rollout_correction_low: float = 0.5  # icepop, geo_rs: token (geo_rs: row) ratios below it are dropped
     rollout_correction_high: float = 2.0  # icepop, geo_rs: ratios above it are dropped
@@ -473,7 +473,7 @@ class TrainingStats(NamedTuple):
     loss: float  # the scalar that was back-propagated
     grad_norm: float  # gradient norm before clipping
     learning_rate: float  # learning rate used for the step
-    kl_divergence: float  # mean per-token KL to the reference
+    kl_divergence: float | None  # mean per-token KL to the reference (None: not measured at this step)
     rewards_mean: float  # mean reward of the batch
     rewards_std: float  # reward standard deviation of the batch
     custom_metrics: dict | None = None  # namespaced extras, e.g. {"clip/ratio": 0.1}
@@ -518,8 +518,8 @@ _MAX_ROWS = 65_536
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CHOICES = {"lr_schedule": ("constant", "cosine", "wsd"), "dtype": ("auto", "float32", "bfloat16"),
             "task_format": ("auto", "plain", "chat"),
-            "generator": ("hf", "hf_bf16", "vllm", "vllm_bf16", "vllm_server", "vllm_server_merged"),
-            "mixed_precision": ("no", "bf16")}
+            "generator": ("auto", "hf", "hf_bf16", "vllm", "vllm_bf16", "vllm_server", "vllm_server_merged"),
+            "mixed_precision": ("auto", "no", "bf16")}
 
 # %% ../nbs/10_core.ipynb #755a329c
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

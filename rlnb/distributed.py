@@ -283,7 +283,7 @@ def reduced_stats(
         gids = [_global_groups(r[2], counts, k) for k, (_, _, _, r) in enumerate(parts)]
         merged.update(reward_metrics(_joined([r[0] for *_, r in parts]), _joined([r[1] for *_, r in parts]),
                                       _joined(gids)))
-    return stats._replace(loss=merged["loss/total"], kl_divergence=merged.get("kl/mean", 0.0),
+    return stats._replace(loss=merged["loss/total"], kl_divergence=merged.get("kl/mean"),
                           rewards_mean=merged.get("reward/mean", 0.0), rewards_std=merged.get("reward/std", 0.0),
                           custom_metrics=merged)
 
@@ -380,7 +380,7 @@ def check_distributed_config(
     if world > 1 and config.entropy_top_fraction < 1:
         raise ValueError(f"{fn}: entropy_top_fraction={config.entropy_top_fraction} ranks the tokens of one process's "
                          "batch only; set it to 1 with several processes")
-    if config.fsdp and config.generator != "hf":
+    if config.fsdp and config.generator not in ("hf", "auto"):
         raise ValueError(f"{fn}: fsdp=True samples with the sharded policy itself (generator='hf'); "
                          f"generator={config.generator!r} copies the model, which a sharded model does not allow")
     if world > 1 and config.generator.startswith("vllm"):

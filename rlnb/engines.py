@@ -6,7 +6,7 @@ Docs: https://rlnb.github.io/rlnb/engines.html.md"""
 
 # %% ../nbs/70_engines.ipynb #cfe58890
 from __future__ import annotations
-import contextlib, logging, math, os, random, reprlib, tempfile, time, warnings
+import contextlib, importlib.util, logging, math, os, random, reprlib, tempfile, time, warnings
 from typing import Sequence
 
 import torch
@@ -16,11 +16,11 @@ from .core import Generation, GenerationConfig, is_peft_model
 from .generation import (_check_generation_config, _stop_string_cut, encode_prompts, eos_token_ids, merged_lora,
                              token_id_limit)
 from .mismatch import sampler_copy
-from .training import SAMPLERS
+from .training import FAST_SAMPLERS, SAMPLERS
 
 # %% auto #0
 __all__ = ['VLLM_INSTALL', 'import_vllm', 'policy_weights', 'check_engine_options', 'create_vllm_engine', 'sync_weights',
-           'sampling_params', 'engine_generations', 'VLLMGenerator', 'create_vllm_generator']
+           'sampling_params', 'engine_generations', 'VLLMGenerator', 'create_vllm_generator', 'vllm_can_sample']
 
 # %% ../nbs/70_engines.ipynb #efb3fbdd
 VLLM_INSTALL = "bash scripts/install.sh vllm"  # makes .venv-vllm, where vLLM works (the CPU build without CUDA)
@@ -316,6 +316,16 @@ def create_vllm_generator(
     return VLLMGenerator(model, sleep, **engine_options)
 
 # %% ../nbs/70_engines.ipynb #9ef8708e
+def vllm_can_sample(
+    model: torch.nn.Module,  # the policy (a transformers model, LoRA or not)
+) -> bool:  # True where vLLM is installed and has an implementation of the model's architecture
+    "Whether the vLLM engine can sample `model` in this environment (imports vLLM only where it is installed)."
+    if importlib.util.find_spec("vllm") is None: return False
+    base = model.get_base_model() if is_peft_model(model) else model
+    return type(base).__name__ in import_vllm().ModelRegistry.get_supported_archs()
+
+
 # each gets the run's config (read by other samplers) and builds its engine on the first call
 SAMPLERS["vllm"] = lambda config: create_vllm_generator(dtype="float32")  # the policy's precision: no dtype mismatch
 SAMPLERS["vllm_bf16"] = lambda config: create_vllm_generator(dtype="bfloat16")  # faster; chapter 34 measures mismatch
+FAST_SAMPLERS["vllm_bf16"] = vllm_can_sample  # generator="auto" takes the bf16 engine where vLLM runs the model

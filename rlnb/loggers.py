@@ -54,9 +54,10 @@ def log_to_console(
     "One line per step: iteration, step, reward, KL, loss (or the evaluation metrics)."
     m = stats.custom_metrics or {}
     if "reward/mean" in m:
+        kl = f"{m['kl/mean']:.4f}" if "kl/mean" in m else "-"  # "-": not measured at this step (beta 0)
         msg = (f"[iter {state.iteration:4d} | step {state.global_step:4d}] "
                f"reward {m['reward/mean']:.3f} ± {m.get('reward/std', 0):.3f}"
-               f"  kl {m.get('kl/mean', 0.0):.4f}  loss {stats.loss:+.4f}  grad {stats.grad_norm:.3f}"
+               f"  kl {kl}  loss {stats.loss:+.4f}  grad {stats.grad_norm:.3f}"
                f"  {m.get('time/step_s', 0):.2f}s")
     else:
         msg = (f"[iter {state.iteration:4d} | step {state.global_step:4d}] "

@@ -7,6 +7,7 @@ Docs: https://rlnb.github.io/rlnb/logprobs.html.md"""
 # %% ../nbs/21_logprobs.ipynb #c96ec48f
 from __future__ import annotations
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+import functools, time
 import torch
 from torch import Tensor
 
@@ -15,7 +16,8 @@ from .generation import (kv_cache_argument, can_share_prompts, distinct_prompts,
                              logits_to_keep_argument, position_ids, prefill_prompts)
 
 # %% auto #0
-__all__ = ['naive_logprobs', 'compute_logprobs_for_tokens', 'precision_context']
+__all__ = ['AUTO_BF16_MAX_TIME', 'naive_logprobs', 'compute_logprobs_for_tokens', 'precision_context', 'bf16_time_ratio',
+           'choose_mixed_precision']
 
 # %% ../nbs/21_logprobs.ipynb #70b026da
 def naive_logprobs(
@@ -176,10 +178,55 @@ def precision_context(
     "The precision of the forwards run inside it: bf16 matrix products over float32 weights ('bf16') or as is ('no')."
     if mode == "no": return nullcontext()
     if mode not in _AUTOCAST_DTYPES:
-        raise ValueError(f"precision_context: `mode` (TrainingConfig.mixed_precision) must be 'no' or 'bf16', "
-                         f"got {mode!r}")
+        raise ValueError(f"precision_context: `mode` (TrainingConfig.mixed_precision) must be 'no' or 'bf16' "
+                         f"('auto' is made one of them by choose_mixed_precision first), got {mode!r}")
     kind = torch.device(device).type
     if not torch.amp.is_autocast_available(kind) or (kind == "cuda" and not torch.cuda.is_bf16_supported()):
         raise ValueError(f"precision_context: mixed_precision={mode!r} needs bf16 autocast, which the {kind!r} "
                          "device does not have; use mixed_precision='no'")
     return torch.autocast(kind, dtype=_AUTOCAST_DTYPES[mode])
+
+# %% ../nbs/21_logprobs.ipynb #71acc3c3
+AUTO_BF16_MAX_TIME = 0.8  # "auto" turns bf16 autocast on where a product takes under this share of float32's time
+
+
+@functools.lru_cache(maxsize=None)  # once per process, size and thread count: the CPU does not change in a run
+def _timed_bf16_ratio(hidden: int, tokens: int, repeats: int, threads: int) -> float:
+    g = torch.Generator().manual_seed(0)  # its own random numbers: a run's seeded stream is not touched
+    x = torch.randn(tokens, hidden, generator=g)  # (tokens, h)
+    w = torch.randn(hidden, 4 * hidden, generator=g)  # (h, 4h): float32, frozen
+    def fastest(mode: str) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            with torch.no_grad(), precision_context(mode, "cpu"): x @ w
+            times.append(time.perf_counter() - t0)
+        return min(times[1:])
+    return fastest("bf16") / fastest("no")
+
+
+def bf16_time_ratio(
+    hidden: int,  # the model's hidden size: the product is (tokens, hidden) @ (hidden, 4 hidden), an MLP's first
+    tokens: int = 512,  # the product's rows: about a micro-batch's tokens
+    repeats: int = 3,  # the fastest of this many, after a warm-up
+) -> float:  # < 1: bf16 is faster on this CPU
+    "bf16 autocast's time over float32's for one product of a model's shape on the CPU, under the current threads."
+    return _timed_bf16_ratio(hidden, tokens, repeats, torch.get_num_threads())
+
+
+# %% ../nbs/21_logprobs.ipynb #617793db
+def choose_mixed_precision(
+    model: torch.nn.Module,  # the policy, loaded: its weights' dtype, size and device decide
+    mode: str,  # TrainingConfig.mixed_precision: "no" and "bf16" are kept as they are; "auto" is decided here
+    min_params: int,  # below this many parameters "auto" is "no" (rlnb.step.SMALL_MODEL_PARAMS in training)
+) -> str:  # "no" or "bf16"
+    "TrainingConfig.mixed_precision made concrete: 'auto' is 'bf16' where bf16 is measured faster than float32 weights."
+    if mode != "auto": return mode
+    weights = list(model.parameters())
+    if weights[0].dtype != torch.float32 or sum(p.numel() for p in weights) < min_params: return "no"
+    kind = weights[0].device.type
+    if kind == "cuda": return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if kind != "cpu" or not isinstance(hidden, int): return "no"  # no shape to measure, or a device not measured
+    return "bf16" if bf16_time_ratio(hidden) < AUTO_BF16_MAX_TIME else "no"
+

@@ -7,7 +7,7 @@ Docs: https://rlnb.github.io/rlnb/rollout_corrections.html.md"""
 # %% ../nbs/34a_rollout_corrections.ipynb #4df8a1f6
 from __future__ import annotations
 import importlib
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -20,7 +20,8 @@ from .mismatch import LOG_RATIO_BOUND, mismatch_metrics
 # %% auto #0
 __all__ = ['ROLLOUT_CORRECTIONS', 'ROLLOUT_CORRECTION_KNOBS', 'sequence_log_ratio', 'tis_token_correction', 'tis_seq_correction',
            'mis_token_correction', 'mis_seq_correction', 'icepop_correction', 'geo_rs_correction', 'no_correction',
-           'find_rollout_correction', 'check_rollout_correction', 'rollout_correction', 'apply_rollout_correction']
+           'find_rollout_correction', 'check_rollout_correction', 'rollout_correction', 'apply_rollout_correction',
+           'choose_rollout_correction']
 
 # %% ../nbs/34a_rollout_corrections.ipynb #54e32f4b
 def sequence_log_ratio(
@@ -267,3 +268,15 @@ def apply_rollout_correction(
         advantages = adv[:, 0] * w.sum(1) / keep.sum(1).clamp(min=1)  # (B,): the row's mean weight
     else: advantages = torch.where(keep, adv * w, 0.0)  # (B, C), 0 off the kept tokens
     return batch._replace(advantages=advantages, loss_mask=batch.loss_mask * keep.to(batch.loss_mask.dtype))
+
+# %% ../nbs/34a_rollout_corrections.ipynb #f57611ea
+def choose_rollout_correction(
+    mode: str,  # TrainingConfig.rollout_correction: a ROLLOUT_CORRECTIONS key is kept as it is; "auto" is decided here
+    other_sampler: bool,  # whether another sampler than the policy itself draws the batches (an engine, a bf16 copy)
+    algorithms: Sequence = (),  # the run's AlgorithmSpecs (None for one only a custom loss knows)
+) -> str:  # a ROLLOUT_CORRECTIONS key
+    "TrainingConfig.rollout_correction made concrete: 'auto' is 'tis_token' for another sampler if every algorithm can."
+    if mode != "auto": return mode
+    every_one_can = all(spec is not None and spec.correction_level is not None for spec in algorithms)
+    return "tis_token" if other_sampler and every_one_can else "none"
+

@@ -14,16 +14,18 @@ from torch import Tensor
 
 from .core import (Batch, CollatedBatch, TrainingConfig, TrainingState, TrainingStats, collate, env_num_threads,
                        is_peft_model, model_device, pad_token_id)
-from .logprobs import compute_logprobs_for_tokens, precision_context
+from .logprobs import choose_mixed_precision, compute_logprobs_for_tokens, precision_context
 from .kl import compute_per_token_kl, create_reference_model, get_reference_logprobs, teacher_metrics
 from .algorithms import compute_batch_advantages, compute_loss_by_algorithm, find_algorithm, step_extensions
-from .rollout_corrections import (apply_rollout_correction, find_rollout_correction, no_correction,
+from .rollout_corrections import (apply_rollout_correction, choose_rollout_correction, find_rollout_correction,
+                                      no_correction,
                                       rollout_correction, tis_seq_correction, tis_token_correction)
 from .loggers import reward_metrics
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'DATA_PARALLEL', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
-           'create_training_state', 'default_num_threads', 'is_metrics', 'OneProcess', 'data_parallel', 'training_step']
+           'create_training_state', 'default_num_threads', 'is_metrics', 'needs_reference_pass', 'OneProcess',
+           'data_parallel', 'training_step']
 
 # %% ../nbs/42_step.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -193,7 +195,7 @@ def _step_stats(per_update: list[dict], cb: CollatedBatch, raw_rewards: Tensor, 
     metrics.update({"lr": lr, "tokens/generated": float(cb.completion_mask.sum()), "algorithm": algo.get("name"),
                     **extra})
     return TrainingStats(loss=metrics["loss/total"], grad_norm=metrics["grad_norm"], learning_rate=lr,
-                         kl_divergence=metrics.get("kl/mean", 0.0), rewards_mean=metrics.get("reward/mean", 0.0),
+                         kl_divergence=metrics.get("kl/mean"), rewards_mean=metrics.get("reward/mean", 0.0),
                          rewards_std=metrics.get("reward/std", 0.0), custom_metrics=metrics)
 
 # %% ../nbs/42_step.ipynb #10607743
@@ -201,6 +203,8 @@ def _step_inputs(state: TrainingState, batch, algorithm_config, tokenizer, confi
                  kl_fn: Callable | None, fn: str) -> tuple[TrainingConfig, Mapping, list]:
     "(the run's config, this iteration's algorithm config with `kl_fn`, the rollouts): a step's inputs, checked."
     cfg = config or (state.metadata or {}).get("config") or TrainingConfig()
+    cfg = cfg._replace(mixed_precision=choose_mixed_precision(state.model, cfg.mixed_precision, SMALL_MODEL_PARAMS),
+                       rollout_correction=choose_rollout_correction(cfg.rollout_correction, False))  # train decides
     algo = algorithm_config(state.iteration) if callable(algorithm_config) else algorithm_config
     if not isinstance(algo, Mapping):
         raise TypeError(f"{fn}: `algorithm_config` must be a dict (create_algorithm_config) "
@@ -262,8 +266,20 @@ def _corrects_in_update(cfg: TrainingConfig, extensions: Sequence = ()) -> bool:
     return cfg.updates_per_batch == 1 and (correction is no_correction or weighs_only)
 
 
+def needs_reference_pass(
+    algorithm_config: Mapping,  # this iteration's: its `beta` weighs the KL in the loss
+    config: TrainingConfig,  # the run's: eval_every
+    iteration: int,  # the state's, before the step
+    own_loss: bool = False,  # a loss_fn of the caller's: it may read ref_logprobs at any beta (a kl_fn: likewise)
+) -> bool:
+    "Whether a step scores its tokens under the reference: for a loss weighing the KL, or to log kl/mean now and then."
+    if own_loss or algorithm_config.get("beta", 0) > 0 or algorithm_config.get("kl_fn") is not None: return True
+    done = iteration + 1  # iterations done after this step: the loop evaluates at eval_every multiples and at the end
+    return bool(config.eval_every) and (done % config.eval_every == 0 or done == config.num_iterations)
+
+
 def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, spec, head,
-                       cfg: TrainingConfig, extensions: Sequence = ()) -> CollatedBatch:
+                       cfg: TrainingConfig, extensions: Sequence = (), own_loss: bool = False) -> CollatedBatch:
     "Step 3, without gradient: old-policy log-probs (PPO: and values), reference and teacher log-probs, spec's fields."
     model, C, T, size = state.model, cb.completion_ids.shape[1], cfg.temperature, cfg.micro_batch_size
     # a correction of the sampler's log-probs (vLLM, a bf16 copy) acts before the micro-batches are cut, after the
@@ -279,7 +295,8 @@ def _shared_quantities(state: TrainingState, cb: CollatedBatch, algo: Mapping, s
         elif cb.old_logprobs is None and rescore:
             cb = cb._replace(old_logprobs=compute_logprobs_for_tokens(
                 model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
-        if cb.ref_logprobs is None and state.ref_model is not None:
+        if (cb.ref_logprobs is None and state.ref_model is not None
+                and needs_reference_pass(algo, cfg, state.iteration, own_loss)):
             cb = cb._replace(ref_logprobs=get_reference_logprobs(
                 state.ref_model, cb.input_ids, cb.attention_mask, C, temperature=T, micro_batch_size=size))
         if cb.teacher_logprobs is None and state.teacher is not None:  # distillation: the teacher scores the tokens
@@ -487,7 +504,7 @@ def training_step(
     "Learn from one rollout batch: collate once, shared quantities once, then micro-batched optimizer updates."
     fn, dp, extensions = "training_step", data_parallel(), step_extensions()  # dp: one process, or several
     cfg, algo, rollouts = _step_inputs(state, batch, algorithm_config, tokenizer, config, kl_fn, fn)
-    spec = find_algorithm(algo.get("name"))  # None: an algorithm only a custom loss_fn knows
+    spec, own_loss = find_algorithm(algo.get("name")), loss_fn is not None  # spec None: only a custom loss_fn knows it
     loss_fn, step_fn = loss_fn or compute_loss_by_algorithm, optimizer_step_fn or default_optimizer_step
     cb = collate(rollouts, pad_token_id(tokenizer, fn), tokenizer.eos_token_id, device=model_device(state.model))  # 1.
     raw_rewards, cb = cb.rewards, _transformed(cb, rollouts, reward_transform, fn, spec)  # 2.
@@ -496,7 +513,7 @@ def training_step(
     dp.sync_parameters(state)
     t_scoring = time.perf_counter()
     with dp.full_parameters(state.model, state.ref_model, head):  # old, reference, teacher log-probs; prepare_batch
-        cb = _shared_quantities(state, cb, algo, spec, head, cfg, extensions)
+        cb = _shared_quantities(state, cb, algo, spec, head, cfg, extensions, own_loss)
     t_update = time.perf_counter()
     with torch.no_grad():  # 4. the advantages (PPO: and returns), once per batch
         if spec is not None: cb = dp.batch_advantages(cb, algo)

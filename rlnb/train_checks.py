@@ -214,12 +214,13 @@ def _check_combination(hooks: dict, model, tokenizer, initial_state, prompts, sy
 # %% ../nbs/93_train_checks.ipynb #62611f00
 def _check_sampler(config: TrainingConfig, hooks: dict, fn: str = "train") -> None:
     "The sampler named once (config.generator or a `generator` hook) and a correction rlnb.ROLLOUT_CORRECTIONS knows."
-    if find_rollout_correction(config.rollout_correction) is None:
-        raise ValueError(f"{fn}: rollout_correction={config.rollout_correction!r} is not a key of "
+    mode = "tis_token" if config.rollout_correction == "auto" else config.rollout_correction  # what "auto" can become
+    if find_rollout_correction(mode) is None:
+        raise ValueError(f"{fn}: rollout_correction={config.rollout_correction!r} is not 'auto' or a key of "
                          f"rlnb.ROLLOUT_CORRECTIONS: {', '.join(ROLLOUT_CORRECTIONS)}")
-    check_rollout_correction(config.rollout_correction, config.rollout_correction_cap, config.rollout_correction_low,
+    check_rollout_correction(mode, config.rollout_correction_cap, config.rollout_correction_low,
                              config.rollout_correction_high, fn, prefix="rollout_correction_")  # ratio 1 kept as is
-    if config.generator != "hf" and (hooks["generator"] is not None or hooks["rollout_fn"] is not None):
+    if config.generator not in ("hf", "auto") and (hooks["generator"] is not None or hooks["rollout_fn"] is not None):
         hook = "generator" if hooks["generator"] is not None else "rollout_fn"
         raise ValueError(f"{fn}: config.generator={config.generator!r} and a `{hook}` hook both choose the sampler; "
                          "give one")

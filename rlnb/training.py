@@ -14,23 +14,26 @@ import torch
 from torch import Tensor
 
 from .core import (Batch, ModelConfig, TrainingConfig, TrainingState, TrainingStats, create_training_config,
-                       from_jsonable, is_peft_model, set_seed, to_jsonable)
+                       from_jsonable, is_peft_model, model_device, set_seed, to_jsonable)
 from .tasks import Task, task_for_policy
 from .models import apply_lora, load_model, load_tokenizer
 from .kl import attach_teacher, update_reference_model
 from .rollouts import DataBuffer, create_eval_fn, create_prompt_loader, create_rollout_fn, split_prompts
 from .algorithms import ALGORITHMS, AlgorithmSpec, check_algorithm_spec, create_algorithm_config, find_algorithm
 from .mismatch import create_hf_generator, sampler_copy
+from .rollout_corrections import choose_rollout_correction
 from .sampling import add_overlong_penalty, create_filtered_rollout_fn, nonzero_std_filter, sampling_settings
 from .loggers import create_jsonl_logger, create_progress_logger
-from .checkpoints import save_checkpoint
-from .step import OneProcess, create_training_state, data_parallel, default_num_threads, is_metrics, training_step
+from .checkpoints import checkpoint_metadata, save_checkpoint
+from .logprobs import choose_mixed_precision
+from .step import (SMALL_MODEL_PARAMS, OneProcess, create_training_state, data_parallel, default_num_threads,
+                       is_metrics, training_step)
 from .train_checks import check_train_arguments, checked_generator, checked_template_fn, warn_unused_hooks
 from .resume import output_lock, output_paths, resumed_state, run_start
 from .interrupts import SoftInterrupt
 
 # %% auto #0
-__all__ = ['SAMPLERS', 'training_iteration', 'train', 'build_policy']
+__all__ = ['SAMPLERS', 'FAST_SAMPLERS', 'training_iteration', 'train', 'build_policy', 'choose_generator']
 
 # %% ../nbs/43_training.ipynb #417bbd95
 def training_iteration(
@@ -171,6 +174,8 @@ def train(
         needed_by = next((n for n, s in specs.items() if s.needs_teacher), None)  # opd: a teacher is required
         state = attach_teacher(state, tokenizer, teacher, needed_by, config.dtype, fn)  # chapter *KL*
         with _torch_threads(default_num_threads(state.model, config.num_threads)):
+            config, state = _chosen_settings(config, state, ckpt_path, dp, hooks, [spec, *specs.values()],
+                                             progress and writer, fn)  # "auto" settings made concrete
             if config.resume:
                 state = resumed_state(state, config, ckpt_path, metrics_path, prompts, specs.values(), writer, fn)
             if config.fsdp: state = dp.shard_training_state(state)  # FSDP (chapter *Several processes*): after resume
@@ -252,8 +257,8 @@ def build_policy(
     "The policy and its tokenizer: `model` as given or loaded from config.model; LoRA of rank config.lora_r if not yet."
     if model is None:
         tiny = {"task": config.task} if config.model == "tiny" else None
-        # mixed precision: float32 master weights, whatever "auto" would pick on this device
-        dtype = "float32" if config.mixed_precision != "no" and config.dtype == "auto" else config.dtype
+        # bf16 autocast: float32 master weights, whatever dtype "auto" would pick on this device
+        dtype = "float32" if config.mixed_precision == "bf16" and config.dtype == "auto" else config.dtype
         mc = ModelConfig(config.model, dtype=dtype, custom_config=tiny)
         model, tokenizer = load_model(mc), tokenizer or load_tokenizer(mc)
     if config.lora_r and not is_peft_model(model):
@@ -309,6 +314,7 @@ def _first_state(config: TrainingConfig, initial_state: TrainingState | None, mo
     metadata = {**(initial_state.metadata or {}), "config": config, "start": start}
     return initial_state._replace(metadata=metadata), tokenizer
 
+
 # %% ../nbs/43_training.ipynb #63eef68a
 def _wired_prompts(config: TrainingConfig, prompts, prompt_loader: Callable | None, task) -> tuple:
     "(prompt_loader, the DataBuffer if `prompts` is one, where dynamic sampling draws more prompts): hooks, else task."
@@ -334,6 +340,56 @@ def _config_generator(config: TrainingConfig) -> Callable | None:
         raise ValueError(f"train: `generator`={config.generator!r} names no registered sampler; known: "
                          f"{sorted(SAMPLERS)} (`import rlnb` registers the vLLM engine's)")
     return SAMPLERS[config.generator](config)  # the config: a server's address, say
+
+
+# {name in SAMPLERS: model -> whether it can sample that model here}: what generator="auto" takes, the first that can,
+# for a model of SMALL_MODEL_PARAMS or more on a CPU in one process (chapter *Inference engines in the loop* adds
+# "vllm_bf16")
+FAST_SAMPLERS: dict[str, Callable[[torch.nn.Module], bool]] = {}
+
+
+def choose_generator(
+    model: torch.nn.Module,  # the policy, loaded: its size, device and architecture decide
+    one_process: bool = True,  # False with several processes: an engine runs in one process only
+) -> str:  # a name in SAMPLERS
+    "TrainingConfig.generator 'auto' made concrete: the first FAST_SAMPLERS entry that can run here, else 'hf'."
+    big = sum(p.numel() for p in model.parameters()) >= SMALL_MODEL_PARAMS  # a real model, not the tiny one
+    if not (big and one_process and model_device(model).type == "cpu"): return "hf"
+    return next((name for name, can_run in FAST_SAMPLERS.items() if can_run(model)), "hf")
+
+
+def _saved_choices(config: TrainingConfig, state: TrainingState, ckpt_path, auto: list, fn: str) -> dict:
+    "The 'auto' settings a resumed run chose at its start, from its checkpoint; a sampler that cannot run here is not."
+    saved = checkpoint_metadata(ckpt_path)["metadata"].get("config") if config.resume else None
+    saved = saved if isinstance(saved, Mapping) else {}  # a checkpoint written by hand has no config
+    kept = {k: saved[k] for k in auto if saved.get(k, "auto") != "auto"}
+    sampler = kept.get("generator")
+    if sampler in FAST_SAMPLERS and not FAST_SAMPLERS[sampler](state.model):  # e.g. resumed where vLLM is missing
+        warnings.warn(f"{fn}: the run sampled with {sampler!r}, which cannot run here; generator='auto' chooses again")
+        del kept["generator"]
+        kept.pop("rollout_correction", None)  # it follows the sampler
+    return kept
+
+
+def _chosen_settings(config: TrainingConfig, state: TrainingState, ckpt_path, dp, hooks: dict, specs: list,
+                     progress: bool, fn: str) -> tuple[TrainingConfig, TrainingState]:
+    "(config, state) with the 'auto' settings made concrete once per run: a resumed run's own, else chosen here."
+    auto = [k for k in ("mixed_precision", "generator", "rollout_correction") if getattr(config, k) == "auto"]
+    if not auto: return config, state
+    chosen = _saved_choices(config, state, ckpt_path, auto, fn)  # a resumed run keeps what it ran with
+    if "mixed_precision" in auto and "mixed_precision" not in chosen:  # several processes: bf16 if each measured it
+        mode = "no" if config.fsdp else choose_mixed_precision(state.model, "auto", SMALL_MODEL_PARAMS)  # FSDP: as is
+        chosen["mixed_precision"] = "no" if dp.any_rank(mode == "no") else "bf16"
+    own = hooks["generator"] is not None or hooks["rollout_fn"] is not None  # a hook of yours samples: no name chooses
+    if "generator" in auto and "generator" not in chosen:
+        chosen["generator"] = "hf" if own else choose_generator(state.model, isinstance(dp, OneProcess))
+    if "rollout_correction" in auto and "rollout_correction" not in chosen:  # TIS when an engine or a copy samples
+        other = not own and chosen.get("generator", config.generator) != "hf"
+        chosen["rollout_correction"] = choose_rollout_correction("auto", other, specs)
+    config = config._replace(**chosen)
+    if progress and sum(p.numel() for p in state.model.parameters()) >= SMALL_MODEL_PARAMS:  # a choice worth saying
+        print(f"{fn}: 'auto' for this model here: " + ", ".join(f"{k}={chosen[k]!r}" for k in auto), flush=True)
+    return config, state._replace(metadata={**(state.metadata or {}), "config": config})
 
 
 def _run_specs(algo: Mapping | Callable, config: TrainingConfig) -> dict[str, AlgorithmSpec]:

@@ -61,7 +61,10 @@ def test_rlnb_export_writes_files_that_load_back_with_the_trained_greedy_text(ru
     gguf = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32)
     assert texts(gguf, AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf")) == trained
     card = (tmp_path / "model.md").read_text()
-    assert "rlnb train -p prompts_per_step 4 -p group_size 4 -p num_iterations 6" in card
+    command = next(line for line in card.splitlines() if line.startswith("rlnb train "))
+    for setting in ("prompts_per_step 4", "group_size 4", "num_iterations 6",  # as given, and the "auto" ones as chosen
+                    "generator hf", "mixed_precision no", "rollout_correction none"):
+        assert f" -p {setting} " in f"{command} ", (setting, command)
     assert "| accuracy_final |" in card
     before = (tmp_path / "model.gguf").stat().st_mtime_ns
     again = rlnb_command("export", run_folder, tmp_path / "model.gguf", "--format", "gguf")

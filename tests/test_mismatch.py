@@ -297,7 +297,7 @@ def test_train_measures_and_corrects_the_mismatch():
         assert all(0 < r["mismatch/kl"] < 0.01 and r["mismatch/ratio_min"] < 1 < r["mismatch/ratio_max"] for r in log)
     assert rows["none"][0]["mismatch/weight_mean"] == 1.0 and rows["tis_token"][0]["mismatch/weight_mean"] < 1.0
     assert rows["none"][0]["loss/total"] != rows["tis_token"][0]["loss/total"]
-    with pytest.raises(ValueError, match="not a key of rlnb.ROLLOUT_CORRECTIONS"):
+    with pytest.raises(ValueError, match="is not 'auto' or a key of rlnb.ROLLOUT_CORRECTIONS"):
         train(create_training_config(**base, rollout_correction="tis"), progress=False)
     with pytest.raises(ValueError, match="rollout_correction_low"):
         create_training_config(rollout_correction_low=2.0, rollout_correction_high=1.0)

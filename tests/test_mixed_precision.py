@@ -9,7 +9,8 @@ import rlnb.training as training
 from rlnb.algorithms import create_algorithm_config
 from rlnb.core import TrainingConfig, TrainingState, create_training_config
 from rlnb.kl import create_reference_model
-from rlnb.logprobs import compute_logprobs_for_tokens, precision_context
+from rlnb.logprobs import (AUTO_BF16_MAX_TIME, bf16_time_ratio, choose_mixed_precision, compute_logprobs_for_tokens,
+                           precision_context)
 from rlnb.step import create_optimizer, default_optimizer_step, training_step
 from rlnb.training import train
 from test_micro_batches import GROUP, accumulated_grads, setting  # noqa: F401  (`setting`: its fixture)
@@ -158,3 +159,57 @@ def test_grpo_learns_a_learnable_reward_under_bf16():
     first, last = first_and_last(rows)
     print(f"reward 'starts with 1' under bf16: {first:.2f} -> {last:.2f}")
     assert last >= first + 0.3 and last >= 0.85, (first, last)
+
+
+def tiny_run(tmp_path, **changes):
+    "A 2-iteration tiny run in tmp_path/run (a checkpoint at the end); its final state."
+    settings = dict(num_iterations=2, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_every=0)
+    return train(create_training_config(**{**settings, **changes}, output_dir=str(tmp_path / "run")), progress=False)
+
+
+def test_auto_is_made_concrete_once_and_recorded(tmp_path, monkeypatch):
+    "'auto' (the default) is decided once per run, recorded in the run's config, and a resumed run keeps its choice."
+    assert TrainingConfig().mixed_precision == "auto"
+    state = train(create_training_config(num_iterations=1, prompts_per_step=2, group_size=4, max_new_tokens=4,
+                                         eval_every=0), progress=False)
+    assert state.metadata["config"].mixed_precision == "no"  # the tiny model: under SMALL_MODEL_PARAMS, not timed
+    asked = []
+    def choose(model, mode, min_params):  # what the measurement said on this machine, replaced: either answer
+        asked.append(mode)
+        return answer
+    monkeypatch.setattr(training, "choose_mixed_precision", choose)
+    answer = "bf16"
+    with MatmulDtypes() as seen:
+        state = tiny_run(tmp_path)
+    assert state.metadata["config"].mixed_precision == "bf16" and seen.counts[torch.bfloat16] > 0
+    answer = "no"  # a resumed run is not measured again: it keeps the checkpoint's choice
+    state = tiny_run(tmp_path, num_iterations=3, resume=True)
+    assert asked == ["auto"] and state.global_step == 3 and state.metadata["config"].mixed_precision == "bf16"
+    answer = "no"  # a setting that is not "auto" is not measured either
+    assert tiny_run(tmp_path / "other", mixed_precision="bf16").metadata["config"].mixed_precision == "bf16"
+    assert asked == ["auto"]
+
+
+def test_auto_takes_bf16_only_if_every_process_measured_it_faster(setting, monkeypatch):
+    policy, _, _ = setting
+    class Processes:  # the seam's hook the choice uses: whether any process measured bf16 no faster
+        def __init__(self, any_slower: bool): self.any_slower = any_slower
+        def any_rank(self, flag): return bool(flag) or self.any_slower
+    monkeypatch.setattr(training, "choose_mixed_precision", lambda model, mode, min_params: "bf16")  # this process
+    state = TrainingState(0, 0, policy, None, None, metadata={})
+    hooks = {"generator": None, "rollout_fn": None}
+    for any_slower, expected in ((True, "no"), (False, "bf16")):
+        config, chosen = training._chosen_settings(TrainingConfig(), state, None, Processes(any_slower), hooks, [],
+                                                   False, "train")
+        assert config.mixed_precision == expected == chosen.metadata["config"].mixed_precision
+
+
+def test_choose_mixed_precision_measures_only_float32_models_over_the_threshold(setting):
+    policy, _, _ = setting
+    ratio = bf16_time_ratio(policy.config.hidden_size)
+    assert ratio > 0 and ratio == bf16_time_ratio(policy.config.hidden_size)  # cached: one answer per process
+    assert choose_mixed_precision(policy, "auto", 0) == ("bf16" if ratio < AUTO_BF16_MAX_TIME else "no")
+    assert choose_mixed_precision(policy, "auto", 10**12) == "no"
+    assert choose_mixed_precision(policy, "no", 0) == "no" and choose_mixed_precision(policy, "bf16", 10**12) == "bf16"
+    with pytest.raises(ValueError, match="'auto' is made one of them by choose_mixed_precision"):
+        precision_context("auto", "cpu")

@@ -18,7 +18,8 @@ PUBLIC = {
     "models": "load_model load_tokenizer apply_lora MODEL_LOADERS TOKENIZER_LOADERS",
     "chat": "format_prompt apply_chat_template parse_thinking",
     "generation": "generate generate_with_logprobs batch_generate merged_lora",
-    "logprobs": "compute_logprobs_for_tokens precision_context",
+    "logprobs": "compute_logprobs_for_tokens precision_context AUTO_BF16_MAX_TIME bf16_time_ratio "
+                "choose_mixed_precision",
     "tools": "generate_conversation_turn extract_tool_calls execute_tools",
     "rewards": "trl_reward compute_scalar_reward compute_vector_reward compute_batch_rewards format_reward "
                "exact_match_reward length_penalty_reward",
@@ -71,8 +72,8 @@ PUBLIC = {
                "plot_metrics create_progress_logger create_tensorboard_logger load_wandb_metrics",
     "checkpoints": "save_checkpoint load_checkpoint checkpoint_exists checkpoint_metadata",
     "step": "lr_multiplier create_optimizer default_optimizer_step create_training_state default_num_threads "
-            "is_metrics OneProcess DATA_PARALLEL data_parallel training_step",
-    "training": "SAMPLERS training_iteration train",
+            "is_metrics OneProcess DATA_PARALLEL data_parallel needs_reference_pass training_step",
+    "training": "SAMPLERS FAST_SAMPLERS choose_generator training_iteration train",
     "train_checks": "HOOK_SIGNATURES checked_template_fn checked_generator warn_unused_hooks check_train_arguments",
     "resume": "RUN_IDENTITY output_lock output_paths check_same_run resumed_state",
     "sft": "sft sft_loss tokenize_sft_example",

@@ -105,15 +105,18 @@ def test_wandb_and_tensorboard_in_a_real_run(offline, tmp_path):
     steps, evals = expected.dropna(subset=["reward/mean"]), expected.dropna(subset=["eval/accuracy"])
     assert len(steps) == 3 and evals["step"].tolist() == [0, 3]
 
+    kls = expected.dropna(subset=["kl/mean"])  # beta 0: the KL is measured every eval_every iterations, from the first
+    assert len(kls) == 1
     wb = load_wandb_metrics(tmp_path / "wandb").set_index("step")
-    for key in ("reward/mean", "kl/mean", "loss/total", "grad_norm", "time/step_s"):
+    for key in ("reward/mean", "loss/total", "grad_norm", "time/step_s"):
         assert wb.loc[steps["step"], key].tolist() == steps[key].tolist(), key
-    assert wb.loc[evals["step"], "eval/accuracy"].tolist() == evals["eval/accuracy"].tolist()
+    for key, rows in (("eval/accuracy", evals), ("kl/mean", kls)):  # logged on some steps only
+        assert wb.loc[rows["step"], key].tolist() == rows[key].tolist(), key
 
     tags, events = scalars(tmp_path / "tb")  # flushed at the last iteration, without closing the writer
-    for key in ("reward/mean", "kl/mean", "loss/total"):
-        assert [s for s, _ in tags[key]] == steps["step"].tolist()
-        assert [v for _, v in tags[key]] == pytest.approx(steps[key].tolist(), rel=1e-6, abs=1e-7)
+    for key, rows in (("reward/mean", steps), ("loss/total", steps), ("kl/mean", kls)):
+        assert [s for s, _ in tags[key]] == rows["step"].tolist()
+        assert [v for _, v in tags[key]] == pytest.approx(rows[key].tolist(), rel=1e-6, abs=1e-7)
     assert [s for s, _ in tags["eval/accuracy"]] == [0, 3]
     text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "num_iterations = 3" in text and "eval_size = 8" in text

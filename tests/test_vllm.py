@@ -204,6 +204,18 @@ def test_train_with_the_vllm_generator_logs_the_mismatch():
 
 
 @needs_vllm
+def test_generator_auto_samples_a_real_model_with_the_bf16_engine(monkeypatch):
+    "The default generator, 'auto', takes the bf16 engine for a model over SMALL_MODEL_PARAMS where vLLM is installed."
+    import rlnb.training as training
+    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)  # the tiny model stands in for a real one
+    config = create_training_config(num_iterations=1, prompts_per_step=4, group_size=4, eval_every=0, seed=0,
+                                    mixed_precision="no")
+    state = train(config, progress=False)
+    assert state.metadata["config"].generator == "vllm_bf16"
+    assert state.stats_history[0].custom_metrics["mismatch/kl"] > 1e-6  # bf16 samples, float32 trainer
+
+
+@needs_vllm
 @pytest.mark.slow
 def test_smollm2_greedy_equals_transformers_after_a_weight_change():
     from rlnb.models import load_model, load_tokenizer
