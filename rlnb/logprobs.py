@@ -191,7 +191,7 @@ AUTO_BF16_MAX_TIME = 0.8  # "auto" turns bf16 autocast on where a product takes 
 
 
 @functools.lru_cache(maxsize=None)  # once per process, size and thread count: the CPU does not change in a run
-def _timed_bf16_ratio(hidden: int, tokens: int, repeats: int, threads: int) -> float:
+def _bf16_ratio(hidden: int, tokens: int, repeats: int, threads: int) -> float:
     g = torch.Generator().manual_seed(0)  # its own random numbers: a run's seeded stream is not touched
     x = torch.randn(tokens, hidden, generator=g)  # (tokens, h)
     w = torch.randn(hidden, 4 * hidden, generator=g)  # (h, 4h): float32, frozen
@@ -211,7 +211,7 @@ def bf16_time_ratio(
     repeats: int = 3,  # the fastest of this many, after a warm-up
 ) -> float:  # < 1: bf16 is faster on this CPU
     "bf16 autocast's time over float32's for one product of a model's shape on the CPU, under the current threads."
-    return _timed_bf16_ratio(hidden, tokens, repeats, torch.get_num_threads())
+    return _bf16_ratio(hidden, tokens, repeats, torch.get_num_threads())
 
 
 # %% ../nbs/21_logprobs.ipynb #617793db

@@ -24,8 +24,8 @@ from .loggers import reward_metrics
 
 # %% auto #0
 __all__ = ['LR_SCHEDULES', 'SMALL_MODEL_PARAMS', 'DATA_PARALLEL', 'lr_multiplier', 'create_optimizer', 'default_optimizer_step',
-           'create_training_state', 'default_num_threads', 'is_metrics', 'needs_reference_pass', 'OneProcess',
-           'data_parallel', 'training_step']
+           'create_training_state', 'is_small_model', 'default_num_threads', 'is_metrics', 'needs_reference_pass',
+           'OneProcess', 'data_parallel', 'training_step']
 
 # %% ../nbs/42_step.ipynb #9eca1eb6
 LR_SCHEDULES = ("constant", "cosine", "wsd")
@@ -114,7 +114,12 @@ def create_training_state(
     return TrainingState(0, 0, model, opt, sched, ref_model=ref, metadata={"config": config})
 
 # %% ../nbs/42_step.ipynb #7e073a3b
-SMALL_MODEL_PARAMS = 50_000_000  # below this many parameters a CPU run uses one torch thread by default
+SMALL_MODEL_PARAMS = 50_000_000  # below: one torch thread by default, and no "auto" fast path (bf16, an engine)
+
+
+def is_small_model(model) -> bool:
+    "Whether `model` (None: treated as small) has fewer than SMALL_MODEL_PARAMS parameters, as the tiny model does."
+    return model is None or sum(p.numel() for p in model.parameters()) < SMALL_MODEL_PARAMS
 
 
 def default_num_threads(
@@ -128,8 +133,7 @@ def default_num_threads(
         return num_threads
     env = env_num_threads()  # $RLNB_NUM_THREADS, checked: 1 to 1024
     if env is not None: return env
-    n = sum(p.numel() for p in model.parameters()) if model is not None else 0
-    return 1 if n < SMALL_MODEL_PARAMS else torch.get_num_threads()
+    return 1 if is_small_model(model) else torch.get_num_threads()
 
 # %% ../nbs/42_step.ipynb #1369d06b
 def _is_number(v) -> bool:

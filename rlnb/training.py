@@ -27,7 +27,7 @@ from .loggers import create_jsonl_logger, create_progress_logger
 from .checkpoints import checkpoint_metadata, save_checkpoint
 from .logprobs import choose_mixed_precision
 from .step import (SMALL_MODEL_PARAMS, OneProcess, create_training_state, data_parallel, default_num_threads,
-                       is_metrics, training_step)
+                       is_metrics, is_small_model, training_step)
 from .train_checks import check_train_arguments, checked_generator, checked_template_fn, warn_unused_hooks
 from .resume import output_lock, output_paths, resumed_state, run_start
 from .interrupts import SoftInterrupt
@@ -353,8 +353,7 @@ def choose_generator(
     one_process: bool = True,  # False with several processes: an engine runs in one process only
 ) -> str:  # a name in SAMPLERS
     "TrainingConfig.generator 'auto' made concrete: the first FAST_SAMPLERS entry that can run here, else 'hf'."
-    big = sum(p.numel() for p in model.parameters()) >= SMALL_MODEL_PARAMS  # a real model, not the tiny one
-    if not (big and one_process and model_device(model).type == "cpu"): return "hf"
+    if is_small_model(model) or not one_process or model_device(model).type != "cpu": return "hf"
     return next((name for name, can_run in FAST_SAMPLERS.items() if can_run(model)), "hf")
 
 
@@ -387,7 +386,7 @@ def _chosen_settings(config: TrainingConfig, state: TrainingState, ckpt_path, dp
         other = not own and chosen.get("generator", config.generator) != "hf"
         chosen["rollout_correction"] = choose_rollout_correction("auto", other, specs)
     config = config._replace(**chosen)
-    if progress and sum(p.numel() for p in state.model.parameters()) >= SMALL_MODEL_PARAMS:  # a choice worth saying
+    if progress and not is_small_model(state.model):  # a choice worth saying
         print(f"{fn}: 'auto' for this model here: " + ", ".join(f"{k}={chosen[k]!r}" for k in auto), flush=True)
     return config, state._replace(metadata={**(state.metadata or {}), "config": config})
 

@@ -3,6 +3,7 @@ rollout_correction='auto' follows it: token-level TIS for another sampler than t
 import pytest
 import torch
 
+import rlnb.step as step
 import rlnb.training as training
 from rlnb.core import create_training_config
 from rlnb.generation import batch_generate
@@ -36,7 +37,7 @@ def test_the_tiny_model_samples_with_transformers(counted):
 
 
 def test_a_real_model_takes_the_first_fast_sampler_that_can_run_here(counted, monkeypatch, capsys):
-    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)  # the tiny model stands in for a real one
+    monkeypatch.setattr(step, "SMALL_MODEL_PARAMS", 0)  # the tiny model stands in for a real one
     state = train(create_training_config(**SMALL), progress=True)
     ran = state.metadata["config"]
     assert (ran.generator, ran.rollout_correction) == ("counted", "tis_token") and counted
@@ -46,7 +47,7 @@ def test_a_real_model_takes_the_first_fast_sampler_that_can_run_here(counted, mo
 
 
 def test_a_named_sampler_or_a_hook_is_never_replaced(counted, monkeypatch):
-    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(step, "SMALL_MODEL_PARAMS", 0)
     assert train(create_training_config(**SMALL, generator="hf"), progress=False).metadata["config"].generator == "hf"
     mine = []
     state = train(create_training_config(**SMALL), generator=counting(mine), progress=False)
@@ -54,13 +55,13 @@ def test_a_named_sampler_or_a_hook_is_never_replaced(counted, monkeypatch):
 
 
 def test_none_that_can_run_here_means_transformers(monkeypatch):
-    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(step, "SMALL_MODEL_PARAMS", 0)
     monkeypatch.setattr(training, "FAST_SAMPLERS", {"unavailable": lambda m: False})
     assert train(create_training_config(**SMALL), progress=False).metadata["config"].generator == "hf"
 
 
 def test_a_resumed_run_keeps_the_sampler_it_chose_where_it_can_still_run(counted, monkeypatch, tmp_path):
-    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(step, "SMALL_MODEL_PARAMS", 0)
     config = create_training_config(**SMALL, output_dir=str(tmp_path))
     train(config, progress=False)
     assert counted
@@ -77,7 +78,7 @@ def test_a_resumed_run_keeps_the_sampler_it_chose_where_it_can_still_run(counted
 
 
 def test_dpo_takes_no_correction_from_another_sampler(counted, monkeypatch):
-    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(step, "SMALL_MODEL_PARAMS", 0)
     state = train(create_training_config(**SMALL, algorithm="dpo"), progress=False)
     ran = state.metadata["config"]
     assert (ran.generator, ran.rollout_correction) == ("counted", "none")  # DPO has no advantage to weight

@@ -206,8 +206,8 @@ def test_train_with_the_vllm_generator_logs_the_mismatch():
 @needs_vllm
 def test_generator_auto_samples_a_real_model_with_the_bf16_engine(monkeypatch):
     "The default generator, 'auto', takes the bf16 engine for a model over SMALL_MODEL_PARAMS where vLLM is installed."
-    import rlnb.training as training
-    monkeypatch.setattr(training, "SMALL_MODEL_PARAMS", 0)  # the tiny model stands in for a real one
+    import rlnb.step as step
+    monkeypatch.setattr(step, "SMALL_MODEL_PARAMS", 0)  # the tiny model stands in for a real one (is_small_model)
     config = create_training_config(num_iterations=1, prompts_per_step=4, group_size=4, eval_every=0, seed=0,
                                     mixed_precision="no")
     state = train(config, progress=False)
